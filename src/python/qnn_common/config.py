@@ -1,0 +1,380 @@
+"""Frozen, validated configuration for every stage and for the whole pipeline.
+
+Each config validates itself on construction, so an instance that exists is one that can run. The
+same classes load from TOML (`load_pipeline_toml`) with errors that name the field path, the bad
+value and what is allowed; unknown keys are errors, never ignored.
+
+TOML layout (every key optional except `pipeline.model`)::
+
+    [pipeline]
+    model = "minilm"          # built-in name, HF directory, or package.module:function
+    backend = "xnnpack"       # xnnpack | qnn | portable
+    recipe = "8a8w"
+    soc = "SM8650"            # required for qnn
+    out = "out"
+    skip = ["quantize"]
+    stop_after = "compile"
+
+    [prepare]
+    seq_len = 128
+
+    [quantize]
+    per_channel = true
+
+    [compile]
+    etrecord = false
+
+    [infer]
+    runs = 20
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import tomllib
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from qnn_common.errors import ConfigValidationError
+from qnn_common.recipes import Backend, Recipe, check_recipe
+from qnn_common.soc import Soc, lookup_soc
+
+DEFAULT_SEED = 1126
+
+
+class Stage(enum.StrEnum):
+    """The four stages, in pipeline order."""
+
+    PREPARE = "prepare"
+    QUANTIZE = "quantize"
+    COMPILE = "compile"
+    INFER = "infer"
+
+    @property
+    def index(self) -> int:
+        return list(Stage).index(self)
+
+
+def _positive(name: str, value: int, minimum: int = 1) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigValidationError(name, value, f"must be an integer >= {minimum}")
+
+
+def _soc_or_none(name: str | None, path: str) -> Soc | None:
+    return None if name is None else lookup_soc(name, path)
+
+
+@dataclass(frozen=True)
+class PrepareConfig:
+    """What to load and how to sample it."""
+
+    model: str
+    seq_len: int = 128
+    calibration_samples: int = 16
+    eval_samples: int = 4
+    calibration_file: Path | None = None
+    seed: int = DEFAULT_SEED
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.model, str) or not self.model.strip():
+            raise ConfigValidationError(
+                "prepare.model",
+                self.model,
+                "name a model: a built-in (see --list-models), a Hugging Face directory, "
+                "or package.module:function",
+            )
+        _positive("prepare.seq_len", self.seq_len)
+        _positive("prepare.calibration_samples", self.calibration_samples)
+        _positive("prepare.eval_samples", self.eval_samples)
+        _positive("prepare.seed", self.seed, minimum=0)
+
+
+@dataclass(frozen=True)
+class QuantizeConfig:
+    """Post-training quantization: which quantizer (backend, SoC) and which recipe."""
+
+    backend: Backend = Backend.XNNPACK
+    recipe: Recipe = Recipe.A8W8
+    soc: str | None = None
+    per_channel: bool = True
+    report_layers: int = 10
+
+    def __post_init__(self) -> None:
+        if not self.recipe.is_quantized:
+            raise ConfigValidationError(
+                "quantize.recipe",
+                self.recipe.value,
+                "a float recipe needs no quantization; skip the quantize stage instead",
+                allowed=tuple(r.value for r in Recipe if r.is_quantized),
+            )
+        check_recipe(self.backend, self.recipe, _soc_or_none(self.soc, "quantize.soc"),
+                     "quantize.recipe")
+        _positive("quantize.report_layers", self.report_layers, minimum=0)
+
+    @property
+    def soc_info(self) -> Soc | None:
+        return _soc_or_none(self.soc, "quantize.soc")
+
+
+@dataclass(frozen=True)
+class CompileConfig:
+    """Lowering to an ExecuTorch program for one backend (and SoC, for qnn)."""
+
+    backend: Backend = Backend.XNNPACK
+    recipe: Recipe = Recipe.FP32
+    soc: str | None = None
+    etrecord: bool = False
+
+    def __post_init__(self) -> None:
+        check_recipe(self.backend, self.recipe, _soc_or_none(self.soc, "compile.soc"),
+                     "compile.recipe")
+
+    @property
+    def soc_info(self) -> Soc | None:
+        return _soc_or_none(self.soc, "compile.soc")
+
+
+@dataclass(frozen=True)
+class InferConfig:
+    """Running the program: how many timed runs, on which inputs."""
+
+    warmup: int = 3
+    runs: int = 20
+    inputs_file: Path | None = None
+    etdump: bool = False
+
+    def __post_init__(self) -> None:
+        _positive("infer.warmup", self.warmup, minimum=0)
+        _positive("infer.runs", self.runs)
+
+
+@dataclass(frozen=True)
+class PipelineContext:
+    """Everything one pipeline run needs, consistent across stages.
+
+    Build it with `PipelineContext.create(...)` (flat, named parameters) or from TOML with
+    `load_pipeline_toml`; both end in this constructor, which checks cross-stage consistency.
+    """
+
+    prepare: PrepareConfig
+    quantize: QuantizeConfig | None
+    compile: CompileConfig
+    infer: InferConfig = field(default_factory=InferConfig)
+    out_dir: Path = Path("out")
+    skip: frozenset[Stage] = frozenset()
+    stop_after: Stage | None = None
+    force: bool = False
+
+    def __post_init__(self) -> None:
+        if Stage.PREPARE in self.skip or Stage.COMPILE in self.skip:
+            raise ConfigValidationError(
+                "pipeline.skip",
+                sorted(s.value for s in self.skip),
+                "only quantize and infer can be skipped; start midway with --from ARTIFACT",
+                allowed=(Stage.QUANTIZE.value, Stage.INFER.value),
+            )
+        quantized = self.compile.recipe.is_quantized
+        if quantized and self.quantize is None:
+            raise ConfigValidationError(
+                "pipeline.recipe",
+                self.compile.recipe.value,
+                "a quantized recipe needs the quantize stage; drop `quantize` from skip, "
+                "or pick fp32 / fp16",
+            )
+        if self.quantize is not None and (
+            self.quantize.backend is not self.compile.backend
+            or self.quantize.recipe is not self.compile.recipe
+            or self.quantize.soc != self.compile.soc
+        ):
+            raise ConfigValidationError(
+                "pipeline",
+                "quantize vs compile",
+                "quantize and compile must agree on backend, recipe and soc",
+            )
+
+    @classmethod
+    def create(
+        cls,
+        model: str,
+        *,
+        backend: Backend = Backend.XNNPACK,
+        recipe: Recipe | None = None,
+        soc: str | None = None,
+        out_dir: Path = Path("out"),
+        skip: frozenset[Stage] = frozenset(),
+        stop_after: Stage | None = None,
+        force: bool = False,
+        prepare: Mapping[str, Any] | None = None,
+        quantize: Mapping[str, Any] | None = None,
+        compile: Mapping[str, Any] | None = None,
+        infer: Mapping[str, Any] | None = None,
+    ) -> PipelineContext:
+        """Build a context from flat pipeline-wide settings plus per-stage settings.
+
+        `recipe=None` means 8a8w, or the backend's float recipe when quantize is skipped. A float
+        recipe (fp32 / fp16) skips quantization by itself.
+        """
+        if recipe is None:
+            float_recipe = Recipe.FP16 if backend is Backend.QNN else Recipe.FP32
+            recipe = float_recipe if Stage.QUANTIZE in skip else Recipe.A8W8
+        elif Stage.QUANTIZE in skip and recipe.is_quantized:
+            raise ConfigValidationError(
+                "pipeline.recipe",
+                recipe.value,
+                "quantize is skipped, so the model stays float; pick fp32 or fp16",
+            )
+        if not recipe.is_quantized:
+            skip = skip | {Stage.QUANTIZE}
+        soc = None if soc is None else lookup_soc(soc, "pipeline.soc").name
+        q = (
+            None
+            if Stage.QUANTIZE in skip
+            else _build(QuantizeConfig, "quantize", quantize or {},
+                        dict(backend=backend, recipe=recipe, soc=soc))
+        )
+        return cls(
+            prepare=_build(PrepareConfig, "prepare", prepare or {}, dict(model=model)),
+            quantize=q,
+            compile=_build(CompileConfig, "compile", compile or {},
+                           dict(backend=backend, recipe=recipe, soc=soc)),
+            infer=_build(InferConfig, "infer", infer or {}, {}),
+            out_dir=out_dir,
+            skip=skip,
+            stop_after=stop_after,
+            force=force,
+        )
+
+    @property
+    def backend(self) -> Backend:
+        return self.compile.backend
+
+    @property
+    def recipe(self) -> Recipe:
+        return self.compile.recipe
+
+    @property
+    def soc(self) -> str | None:
+        return self.compile.soc
+
+
+_PIPELINE_KEYS = ("model", "backend", "recipe", "soc", "out", "skip", "stop_after", "force")
+
+
+Overrides = Mapping[str, Mapping[str, Any]]
+
+
+def load_pipeline_toml(path: Path, overrides: Overrides | None = None) -> PipelineContext:
+    """Load a pipeline config file; `overrides` (e.g. CLI flags) win over the file's values."""
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigValidationError("config", str(path), "file not found") from None
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigValidationError("config", str(path), f"not valid TOML: {err}") from None
+    return pipeline_from_mapping(data, overrides)
+
+
+_SECTIONS = ("pipeline", "prepare", "quantize", "compile", "infer")
+
+
+def pipeline_from_mapping(
+    data: Mapping[str, Any], overrides: Overrides | None = None
+) -> PipelineContext:
+    """Build a PipelineContext from TOML-shaped data (see the module docstring).
+
+    `overrides` has the same shape ({"pipeline": {"backend": ...}, "infer": {"runs": ...}});
+    its None values mean "not given" and leave the data's value in place.
+    """
+    _reject_unknown(data, _SECTIONS, "")
+    for name in _SECTIONS:
+        if name in data and not isinstance(data[name], Mapping):
+            raise ConfigValidationError(name, data[name], "must be a table ([section])")
+    merged = {name: dict(data.get(name, {})) for name in _SECTIONS}
+    for name, values in (overrides or {}).items():
+        merged[name].update({k: v for k, v in values.items() if v is not None})
+    top = merged.pop("pipeline")
+    _reject_unknown(top, _PIPELINE_KEYS, "pipeline.")
+    if "model" not in top:
+        raise ConfigValidationError("pipeline.model", None, "required")
+    hints = typing.get_type_hints(PipelineContext.create)
+    kwargs: dict[str, Any] = {}
+    for key, value in top.items():
+        name = "out_dir" if key == "out" else key
+        kwargs[name] = _coerce(hints[name], value, f"pipeline.{key}")
+    return PipelineContext.create(**kwargs, **merged)
+
+
+# Fields the pipeline sets on the stage configs itself; a stage table may not repeat them.
+_SHARED_FIELDS = frozenset({"model", "backend", "recipe", "soc"})
+
+C = TypeVar("C")
+
+
+def _build(cls: type[C], section: str, table: Mapping[str, Any], shared: dict[str, Any]) -> C:
+    assert dataclasses.is_dataclass(cls)
+    names = tuple(f.name for f in dataclasses.fields(cls) if f.name not in _SHARED_FIELDS)
+    for key in table:
+        if key in _SHARED_FIELDS:
+            raise ConfigValidationError(
+                f"{section}.{key}", table[key], f"set it once, under [pipeline] {key} = ..."
+            )
+    _reject_unknown(table, names, f"{section}.")
+    hints = typing.get_type_hints(cls)
+    values = {k: _coerce(hints[k], v, f"{section}.{k}") for k, v in table.items()}
+    return cls(**values, **shared)
+
+
+def _reject_unknown(table: Mapping[str, Any], allowed: tuple[str, ...], prefix: str) -> None:
+    for key in table:
+        if key not in allowed:
+            raise ConfigValidationError(f"{prefix}{key}", table[key], "unknown key", allowed)
+
+
+def _coerce(tp: Any, value: Any, path: str) -> Any:
+    """Convert a TOML value to the annotated field type, or say exactly why it can't be."""
+    origin = typing.get_origin(tp)
+    if origin in (types.UnionType, typing.Union):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if value is None:
+            return None
+        return _coerce(args[0], value, path)
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        if isinstance(value, tp):
+            return value
+        if not isinstance(value, str):
+            raise ConfigValidationError(path, value, "must be a string",
+                                        tuple(str(m.value) for m in tp))
+        try:
+            return tp(value.strip().lower())
+        except ValueError:
+            raise ConfigValidationError(path, value, f"unknown {tp.__name__.lower()}",
+                                        tuple(str(m.value) for m in tp)) from None
+    if origin is frozenset:
+        (inner,) = typing.get_args(tp)
+        if isinstance(value, str):
+            value = [v for v in value.split(",") if v]
+        if not isinstance(value, (list, tuple, set, frozenset)):
+            raise ConfigValidationError(path, value, "must be a list")
+        return frozenset(_coerce(inner, v, path) for v in value)
+    if tp is Path:
+        if not isinstance(value, (str, Path)):
+            raise ConfigValidationError(path, value, "must be a path string")
+        return Path(value)
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigValidationError(path, value, "must be true or false")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigValidationError(path, value, "must be an integer")
+        return value
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigValidationError(path, value, "must be a string")
+        return value
+    raise TypeError(f"no TOML conversion for {tp!r} at {path}")  # a bug in this module

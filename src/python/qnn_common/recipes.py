@@ -1,0 +1,124 @@
+"""Backends, quantization recipes, and the rules of which backend / HTP arch can run which recipe.
+
+Recipe values are strings, never ints: upstream's op tests picked the dtype with
+`if dtype := getattr(QuantDtype, name)` and silently skipped 16a16w, whose enum value is 0. Code
+here always tests `recipe is None`, never truthiness.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import TypeVar
+
+from qnn_common.errors import ConfigValidationError
+from qnn_common.soc import HtpArch, Soc
+
+E = TypeVar("E", bound=enum.StrEnum)
+
+
+class Backend(enum.StrEnum):
+    """Where the compiled program runs."""
+
+    XNNPACK = "xnnpack"  # host CPU; the default everywhere
+    QNN = "qnn"  # Qualcomm HTP, compiled ahead of time for one SoC
+    PORTABLE = "portable"  # ExecuTorch's reference kernels
+
+
+class Recipe(enum.StrEnum):
+    """Numeric precision of a compiled model: `<activation bits>a<weight bits>w`, or a float."""
+
+    FP32 = "fp32"
+    FP16 = "fp16"
+    A8W8 = "8a8w"
+    A8W4 = "8a4w"
+    A16W8 = "16a8w"
+    A16W16 = "16a16w"
+    A16W4 = "16a4w"
+    A16W4_BLOCK = "16a4w_block"  # LPBQ: low-power block quantization of 4-bit weights
+    A16W2 = "16a2w"
+
+    @property
+    def is_quantized(self) -> bool:
+        return self not in (Recipe.FP32, Recipe.FP16)
+
+    @property
+    def activation_bits(self) -> int | None:
+        return None if not self.is_quantized else int(self.value.split("a")[0])
+
+    @property
+    def weight_bits(self) -> int | None:
+        return None if not self.is_quantized else int(self.value.split("a")[1].split("w")[0])
+
+
+@dataclass(frozen=True)
+class _Rule:
+    min_arch: HtpArch
+    why: str
+
+
+# What each backend can run at all.
+_BACKEND_RECIPES: dict[Backend, tuple[Recipe, ...]] = {
+    Backend.XNNPACK: (Recipe.FP32, Recipe.A8W8),
+    Backend.PORTABLE: (Recipe.FP32,),
+    Backend.QNN: tuple(r for r in Recipe if r is not Recipe.FP32),
+}
+
+_BACKEND_HINTS: dict[Backend, str] = {
+    Backend.XNNPACK: "XNNPACK runs fp32 and 8a8w (symmetric int8 weights, int8 activations)",
+    Backend.PORTABLE: "the portable reference kernels run fp32 only",
+    Backend.QNN: "the HTP has no fp32 datapath; use fp16 for a float model",
+}
+
+# HTP arch floors, from the ExecuTorch Qualcomm backend's documentation.
+_QNN_ARCH_RULES: dict[Recipe, _Rule] = {
+    Recipe.A16W4_BLOCK: _Rule(HtpArch.V69, "LPBQ (16a4w_block) needs HTP >= V69"),
+    Recipe.A16W16: _Rule(HtpArch.V73, "16-bit weight matmul (16a16w) needs HTP >= V73"),
+    Recipe.FP16: _Rule(HtpArch.V69, "the HTP float16 datapath starts at V69"),
+}
+
+
+def recipes_for(backend: Backend, soc: Soc | None = None) -> tuple[Recipe, ...]:
+    """The recipes `backend` (on `soc`, for QNN) can run."""
+    allowed = _BACKEND_RECIPES[backend]
+    if backend is Backend.QNN and soc is not None:
+        allowed = tuple(
+            r
+            for r in allowed
+            if (rule := _QNN_ARCH_RULES.get(r)) is None or soc.htp_arch >= rule.min_arch
+        )
+    return allowed
+
+
+def check_recipe(backend: Backend, recipe: Recipe, soc: Soc | None, field: str = "recipe") -> None:
+    """Raise ConfigValidationError saying why `recipe` cannot run, and what to pick instead."""
+    if backend is Backend.QNN and soc is None:
+        raise ConfigValidationError(
+            "soc", None, "the qnn backend compiles for one SoC; pass one (e.g. SM8650)"
+        )
+    if recipe not in _BACKEND_RECIPES[backend]:
+        raise ConfigValidationError(
+            field,
+            recipe.value,
+            f"backend {backend.value} cannot run it: {_BACKEND_HINTS[backend]}",
+            allowed=tuple(r.value for r in recipes_for(backend, soc)),
+        )
+    rule = _QNN_ARCH_RULES.get(recipe) if backend is Backend.QNN else None
+    if rule is not None and soc is not None and soc.htp_arch < rule.min_arch:
+        suggestion = "16a4w is the suggested baseline on older HTP"
+        raise ConfigValidationError(
+            field,
+            recipe.value,
+            f"{rule.why}, and {soc.name} is {soc.htp_arch}; {suggestion}",
+            allowed=tuple(r.value for r in recipes_for(backend, soc)),
+        )
+
+
+def parse_enum(kind: type[E], value: str, field: str) -> E:
+    """Parse a string into `kind`, case-insensitively, with an error listing the allowed values."""
+    try:
+        return kind(value.strip().lower())
+    except ValueError:
+        raise ConfigValidationError(
+            field, value, f"unknown {kind.__name__.lower()}", allowed=tuple(m.value for m in kind)
+        ) from None

@@ -1,0 +1,322 @@
+"""Recipes, backends, and which backend / HTP arch can run which recipe."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from qnn_common.config import (
+    CompileConfig,
+    PipelineContext,
+    QuantizeConfig,
+    Stage,
+    load_pipeline_toml,
+    pipeline_from_mapping,
+)
+from qnn_common.errors import ConfigValidationError
+from qnn_common.recipes import Backend, Recipe, check_recipe, parse_enum, recipes_for
+from qnn_common.soc import SOCS, HtpArch, Soc
+
+ALL_SOCS = tuple(SOCS.values())
+QUANTIZED = tuple(r for r in Recipe if r.is_quantized)
+
+
+def _oracle(backend: Backend, soc: Soc | None) -> set[Recipe]:
+    """The rules, written out independently of the module under test."""
+    if backend is Backend.PORTABLE:
+        return {Recipe.FP32}
+    if backend is Backend.XNNPACK:
+        return {Recipe.FP32, Recipe.A8W8}
+    allowed = set(Recipe) - {Recipe.FP32}
+    if soc is not None:
+        if soc.htp_arch < HtpArch.V69:
+            allowed -= {Recipe.A16W4_BLOCK, Recipe.FP16}
+        if soc.htp_arch < HtpArch.V73:
+            allowed -= {Recipe.A16W16}
+    return allowed
+
+
+def _a_soc_for(backend: Backend, recipe: Recipe) -> str | None:
+    """Some SoC on which `backend` runs `recipe` (None for the host backends)."""
+    if backend is not Backend.QNN:
+        return None
+    return next(s.name for s in ALL_SOCS if recipe in recipes_for(backend, s))
+
+
+def _supported_pairs() -> list[tuple[Backend, Recipe]]:
+    """For every recipe, one backend that can run it."""
+    pairs = []
+    for recipe in Recipe:
+        backend = next(
+            b for b in (Backend.XNNPACK, Backend.QNN) if recipe in recipes_for(b, SOCS["SM8750"])
+        )
+        pairs.append((backend, recipe))
+    return pairs
+
+
+# --- the recipe enum and the 16a16w regression ------------------------------------------------
+
+
+@pytest.mark.parametrize("recipe", list(Recipe))
+def test_every_recipe_is_truthy(recipe: Recipe) -> None:
+    # Upstream chose the dtype with `if dtype := getattr(QuantDtype, name)`; 16a16w had value 0
+    # and was silently skipped. No recipe may be falsy.
+    assert recipe
+    assert bool(recipe) is True
+    assert isinstance(recipe.value, str)
+    assert recipe.value
+
+
+def test_16a16w_is_a_string_valued_member() -> None:
+    assert Recipe.A16W16.value == "16a16w"
+    assert Recipe("16a16w") is Recipe.A16W16
+    assert Recipe.A16W16 != 0
+
+
+@pytest.mark.parametrize("recipe", list(Recipe))
+def test_every_recipe_round_trips_through_parse_enum(recipe: Recipe) -> None:
+    assert parse_enum(Recipe, recipe.value, "recipe") is recipe
+    assert parse_enum(Recipe, recipe.value.upper(), "recipe") is recipe
+    assert parse_enum(Recipe, f"  {recipe.value} ", "recipe") is recipe
+
+
+@pytest.mark.parametrize(("backend", "recipe"), _supported_pairs())
+def test_every_recipe_round_trips_through_config(backend: Backend, recipe: Recipe) -> None:
+    soc = _a_soc_for(backend, recipe)
+    ctx = PipelineContext.create("m", backend=backend, recipe=recipe, soc=soc)
+    assert ctx.recipe is recipe
+    assert ctx.compile.recipe is recipe
+    if recipe.is_quantized:
+        assert ctx.quantize is not None
+        assert ctx.quantize.recipe is recipe
+        assert Stage.QUANTIZE not in ctx.skip
+    else:
+        assert ctx.quantize is None
+        assert Stage.QUANTIZE in ctx.skip
+
+
+@pytest.mark.parametrize(("backend", "recipe"), _supported_pairs())
+def test_every_recipe_round_trips_through_toml(
+    tmp_path: Path, backend: Backend, recipe: Recipe
+) -> None:
+    soc = _a_soc_for(backend, recipe)
+    soc_line = f'soc = "{soc}"\n' if soc else ""
+    cfg = tmp_path / "p.toml"
+    cfg.write_text(
+        f'[pipeline]\nmodel = "m"\nbackend = "{backend.value}"\n'
+        f'recipe = "{recipe.value}"\n{soc_line}',
+        encoding="utf-8",
+    )
+    ctx = load_pipeline_toml(cfg)
+    assert ctx.recipe is recipe
+    assert (ctx.quantize is not None) == recipe.is_quantized
+
+
+def test_16a16w_reaches_quantize_and_compile_from_mapping() -> None:
+    ctx = pipeline_from_mapping(
+        {"pipeline": {"model": "m", "backend": "qnn", "recipe": "16A16W", "soc": "sm8650"}}
+    )
+    assert ctx.quantize is not None
+    assert ctx.quantize.recipe is Recipe.A16W16
+    assert ctx.compile.recipe is Recipe.A16W16
+
+
+def test_recipe_bits() -> None:
+    assert Recipe.FP32.activation_bits is None and Recipe.FP32.weight_bits is None
+    assert Recipe.FP16.activation_bits is None and Recipe.FP16.weight_bits is None
+    bits = {r: (r.activation_bits, r.weight_bits) for r in QUANTIZED}
+    assert bits == {
+        Recipe.A8W8: (8, 8),
+        Recipe.A8W4: (8, 4),
+        Recipe.A16W8: (16, 8),
+        Recipe.A16W16: (16, 16),
+        Recipe.A16W4: (16, 4),
+        Recipe.A16W4_BLOCK: (16, 4),
+        Recipe.A16W2: (16, 2),
+    }
+
+
+def test_is_quantized() -> None:
+    assert {r for r in Recipe if not r.is_quantized} == {Recipe.FP32, Recipe.FP16}
+
+
+# --- parse_enum -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("spelling", ["qnn", "QNN", " Qnn "])
+def test_parse_backend_case_insensitive(spelling: str) -> None:
+    assert parse_enum(Backend, spelling, "backend") is Backend.QNN
+
+
+def test_parse_enum_unknown_lists_allowed_values() -> None:
+    with pytest.raises(ConfigValidationError) as info:
+        parse_enum(Recipe, "9a9w", "pipeline.recipe")
+    err = info.value
+    assert err.field == "pipeline.recipe"
+    assert err.value == "9a9w"
+    assert err.allowed == tuple(r.value for r in Recipe)
+    assert "unknown recipe" in str(err)
+    assert "16a16w" in str(err)
+
+
+def test_parse_enum_unknown_backend() -> None:
+    with pytest.raises(ConfigValidationError, match=r"unknown backend.*xnnpack, qnn, portable"):
+        parse_enum(Backend, "cuda", "backend")
+
+
+# --- the rules --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("soc", ALL_SOCS, ids=lambda s: s.name)
+@pytest.mark.parametrize("backend", list(Backend))
+def test_recipes_for_matches_the_rules(backend: Backend, soc: Soc) -> None:
+    assert set(recipes_for(backend, soc)) == _oracle(backend, soc)
+
+
+@pytest.mark.parametrize("backend", list(Backend))
+def test_recipes_for_without_soc(backend: Backend) -> None:
+    assert set(recipes_for(backend)) == _oracle(backend, None)
+
+
+def test_recipes_for_keeps_enum_order() -> None:
+    for backend in Backend:
+        for soc in (None, *ALL_SOCS):
+            got = recipes_for(backend, soc)
+            assert list(got) == [r for r in Recipe if r in got]
+
+
+@pytest.mark.parametrize("soc", ALL_SOCS, ids=lambda s: s.name)
+def test_lpbq_needs_v69(soc: Soc) -> None:
+    if soc.htp_arch >= HtpArch.V69:
+        check_recipe(Backend.QNN, Recipe.A16W4_BLOCK, soc)
+    else:
+        with pytest.raises(ConfigValidationError, match=r"LPBQ \(16a4w_block\) needs HTP >= V69"):
+            check_recipe(Backend.QNN, Recipe.A16W4_BLOCK, soc)
+
+
+@pytest.mark.parametrize("soc", ALL_SOCS, ids=lambda s: s.name)
+def test_16a16w_needs_v73(soc: Soc) -> None:
+    if soc.htp_arch >= HtpArch.V73:
+        check_recipe(Backend.QNN, Recipe.A16W16, soc)
+    else:
+        with pytest.raises(ConfigValidationError, match=r"16a16w\) needs HTP >= V73"):
+            check_recipe(Backend.QNN, Recipe.A16W16, soc)
+
+
+@pytest.mark.parametrize("soc", ALL_SOCS, ids=lambda s: s.name)
+def test_fp16_needs_v69_on_qnn(soc: Soc) -> None:
+    if soc.htp_arch >= HtpArch.V69:
+        check_recipe(Backend.QNN, Recipe.FP16, soc)
+    else:
+        with pytest.raises(ConfigValidationError, match="float16 datapath starts at V69"):
+            check_recipe(Backend.QNN, Recipe.FP16, soc)
+
+
+def test_arch_error_says_why_and_lists_alternatives() -> None:
+    soc = SOCS["SM8450"]  # V69
+    with pytest.raises(ConfigValidationError) as info:
+        check_recipe(Backend.QNN, Recipe.A16W16, soc, "compile.recipe")
+    err = info.value
+    msg = str(err)
+    assert err.field == "compile.recipe"
+    assert err.value == "16a16w"
+    assert "SM8450 is V69" in msg
+    assert "needs HTP >= V73" in msg
+    assert "16a4w" in msg
+    assert err.allowed == tuple(r.value for r in recipes_for(Backend.QNN, soc))
+    assert "16a16w" not in (err.allowed or ())
+    assert "(allowed: fp16, 8a8w," in msg
+
+
+def test_arch_error_on_v68_lists_only_runnable_recipes() -> None:
+    with pytest.raises(ConfigValidationError) as info:
+        check_recipe(Backend.QNN, Recipe.A16W4_BLOCK, SOCS["SM8350"])
+    assert info.value.allowed == ("8a8w", "8a4w", "16a8w", "16a4w", "16a2w")
+
+
+@pytest.mark.parametrize("recipe", [r for r in Recipe if r not in (Recipe.FP32, Recipe.A8W8)])
+def test_xnnpack_runs_fp32_and_8a8w_only(recipe: Recipe) -> None:
+    check_recipe(Backend.XNNPACK, Recipe.FP32, None)
+    check_recipe(Backend.XNNPACK, Recipe.A8W8, None)
+    with pytest.raises(ConfigValidationError) as info:
+        check_recipe(Backend.XNNPACK, recipe, None)
+    msg = str(info.value)
+    assert "backend xnnpack cannot run it" in msg
+    assert "XNNPACK runs fp32 and 8a8w" in msg
+    assert info.value.allowed == ("fp32", "8a8w")
+
+
+@pytest.mark.parametrize("recipe", [r for r in Recipe if r is not Recipe.FP32])
+def test_portable_runs_fp32_only(recipe: Recipe) -> None:
+    check_recipe(Backend.PORTABLE, Recipe.FP32, None)
+    with pytest.raises(ConfigValidationError) as info:
+        check_recipe(Backend.PORTABLE, recipe, None)
+    assert "portable reference kernels run fp32 only" in str(info.value)
+    assert info.value.allowed == ("fp32",)
+
+
+def test_qnn_refuses_fp32_and_points_at_fp16() -> None:
+    with pytest.raises(ConfigValidationError) as info:
+        check_recipe(Backend.QNN, Recipe.FP32, SOCS["SM8650"])
+    assert "no fp32 datapath; use fp16" in str(info.value)
+    assert "fp16" in (info.value.allowed or ())
+
+
+@pytest.mark.parametrize("recipe", list(Recipe))
+def test_qnn_needs_a_soc(recipe: Recipe) -> None:
+    with pytest.raises(ConfigValidationError) as info:
+        check_recipe(Backend.QNN, recipe, None)
+    assert info.value.field == "soc"
+    assert "compiles for one SoC" in str(info.value)
+
+
+def test_host_backends_ignore_the_soc() -> None:
+    check_recipe(Backend.XNNPACK, Recipe.A8W8, SOCS["SM8350"])
+    check_recipe(Backend.PORTABLE, Recipe.FP32, SOCS["SM8350"])
+
+
+# --- property: validation and configs agree with recipes_for ---------------------------------
+
+
+@settings(max_examples=150, derandomize=True, deadline=None, database=None)
+@given(
+    backend=st.sampled_from(list(Backend)),
+    recipe=st.sampled_from(list(Recipe)),
+    soc=st.none() | st.sampled_from(ALL_SOCS),
+)
+def test_check_recipe_and_configs_agree_with_recipes_for(
+    backend: Backend, recipe: Recipe, soc: Soc | None
+) -> None:
+    invalid = (backend is Backend.QNN and soc is None) or recipe not in recipes_for(backend, soc)
+    assert invalid == (recipe not in _oracle(backend, soc) or (backend is Backend.QNN and soc is None))
+
+    raised = False
+    try:
+        check_recipe(backend, recipe, soc)
+    except ConfigValidationError:
+        raised = True
+    assert raised == invalid
+
+    soc_name = None if soc is None else soc.name.lower()
+
+    if invalid:
+        with pytest.raises(ConfigValidationError):
+            CompileConfig(backend=backend, recipe=recipe, soc=soc_name)
+        with pytest.raises(ConfigValidationError):
+            QuantizeConfig(backend=backend, recipe=recipe, soc=soc_name)
+        with pytest.raises(ConfigValidationError):
+            PipelineContext.create("m", backend=backend, recipe=recipe, soc=soc_name)
+        return
+
+    assert CompileConfig(backend=backend, recipe=recipe, soc=soc_name).recipe is recipe
+    if recipe.is_quantized:
+        assert QuantizeConfig(backend=backend, recipe=recipe, soc=soc_name).recipe is recipe
+    else:
+        with pytest.raises(ConfigValidationError, match="skip the quantize stage"):
+            QuantizeConfig(backend=backend, recipe=recipe, soc=soc_name)
+    ctx = PipelineContext.create("m", backend=backend, recipe=recipe, soc=soc_name)
+    assert (ctx.backend, ctx.recipe) == (backend, recipe)
+    assert ctx.soc == (None if soc is None else soc.name)

@@ -1,0 +1,118 @@
+"""Each stage's input and output, and the file names inside artifact directories.
+
+Data flows forward through files: a stage reads its input artifact (a directory sealed by a
+manifest, or for compile / infer a bare .pt2 / .pte from anywhere) and writes its own artifact
+directory. Evaluation inputs and reference outputs travel forward with every artifact, so infer
+can judge a .pte against fp32 and fake-quant references without reaching back up the chain.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from qnn_common.config import CompileConfig, InferConfig, PrepareConfig, QuantizeConfig
+from qnn_common.errors import ArtifactError
+from qnn_common.manifest import Manifest
+
+# File names inside artifact directories.
+PROGRAM = "program.pt2"  # a torch.export ExportedProgram (fp32 or PT2E-quantized)
+PTE = "model.pte"  # the ExecuTorch program
+CALIBRATION = "calibration.pt"  # list of input tuples used to calibrate observers
+EVAL_INPUTS = "eval_inputs.pt"  # held-out input tuples; the first is the example input
+REFERENCE_FP32 = "reference_fp32.pt"  # fp32 eager outputs on EVAL_INPUTS
+REFERENCE_FAKE_QUANT = "reference_fake_quant.pt"  # fake-quantized eager outputs on EVAL_INPUTS
+OUTPUTS = "outputs.pt"  # infer: the program's outputs on its inputs
+TOKENIZER_DIR = "tokenizer"
+ETRECORD = "etrecord.bin"
+ETDUMP = "etdump.etdp"
+
+
+def _require(path: Path, what: str) -> None:
+    if not path.exists():
+        raise ArtifactError(path, f"{what} does not exist")
+
+
+@dataclass(frozen=True)
+class PrepareInput:
+    config: PrepareConfig
+    out_dir: Path
+
+
+@dataclass(frozen=True)
+class PrepareOutput:
+    artifact_dir: Path
+    manifest: Manifest
+
+    @property
+    def program(self) -> Path:
+        return self.artifact_dir / PROGRAM
+
+
+@dataclass(frozen=True)
+class QuantizeInput:
+    source: Path  # a prepare artifact directory
+    config: QuantizeConfig
+    out_dir: Path
+
+    def __post_init__(self) -> None:
+        _require(self.source, "the prepared artifact to quantize")
+
+
+@dataclass(frozen=True)
+class QuantizeOutput:
+    artifact_dir: Path
+    manifest: Manifest
+
+    @property
+    def program(self) -> Path:
+        return self.artifact_dir / PROGRAM
+
+    @property
+    def accuracy(self) -> dict[str, Any]:
+        return dict(self.manifest.metrics.get("accuracy", {}))
+
+
+@dataclass(frozen=True)
+class CompileInput:
+    source: Path  # a prepare / quantize artifact directory, or any .pt2 file
+    config: CompileConfig
+    out_dir: Path
+
+    def __post_init__(self) -> None:
+        _require(self.source, "the program to compile")
+
+
+@dataclass(frozen=True)
+class CompileOutput:
+    artifact_dir: Path
+    manifest: Manifest
+
+    @property
+    def pte(self) -> Path:
+        return self.artifact_dir / PTE
+
+
+@dataclass(frozen=True)
+class InferInput:
+    source: Path  # a compile artifact directory, or any .pte file
+    config: InferConfig
+    out_dir: Path
+
+    def __post_init__(self) -> None:
+        _require(self.source, "the program to run")
+
+
+@dataclass(frozen=True)
+class InferOutput:
+    artifact_dir: Path
+    manifest: Manifest
+
+    @property
+    def latency_ms(self) -> dict[str, float]:
+        return dict(self.manifest.metrics.get("latency_ms", {}))
+
+    @property
+    def accuracy(self) -> dict[str, Any]:
+        return dict(self.manifest.metrics.get("accuracy", {}))

@@ -1,0 +1,123 @@
+"""The compile stage as a library call: an exported program in, a sealed .pte artifact out.
+
+The source is a prepare or quantize artifact directory, or any `.pt2` written by
+`torch.export.save`: compile does not care who exported the program.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import qnn_compile
+from qnn_common.config import CompileConfig, Stage
+from qnn_common.errors import ConfigValidationError
+from qnn_common.manifest import (
+    Manifest,
+    atomic_copy,
+    atomic_write_bytes,
+    begin_artifact,
+    cache_key,
+    load_manifest,
+    manifest_digest,
+    sha256_file,
+    write_manifest,
+)
+from qnn_common.stages import (
+    ETRECORD,
+    EVAL_INPUTS,
+    PROGRAM,
+    PTE,
+    REFERENCE_FAKE_QUANT,
+    REFERENCE_FP32,
+    CompileInput,
+    CompileOutput,
+)
+from qnn_common.tensorio import load_program
+from qnn_compile.lower import lower_program
+
+PACKAGE = "qnn-compile"
+log = logging.getLogger(__name__)
+
+
+def _source(inp: CompileInput) -> tuple[Path, Manifest | None, dict[str, str]]:
+    """(program path, upstream manifest or None for a bare .pt2, input digests)."""
+    if inp.source.is_dir():
+        upstream = load_manifest(inp.source, expect_stage=(Stage.PREPARE, Stage.QUANTIZE))
+        return inp.source / PROGRAM, upstream, {upstream.stage: manifest_digest(inp.source)}
+    return inp.source, None, {"program": sha256_file(inp.source)}
+
+
+def compile_cache_key(inp: CompileInput) -> str:
+    _, _, digests = _source(inp)
+    return cache_key(Stage.COMPILE, inp.config, digests, qnn_compile.__version__)
+
+
+def _check_matches_upstream(cfg: CompileConfig, upstream: Manifest | None) -> None:
+    """The recipe compile is told must be the one the program carries."""
+    if upstream is None:  # a bare .pt2: nothing recorded to check against
+        return
+    if upstream.stage == Stage.PREPARE:
+        if cfg.recipe.is_quantized:
+            raise ConfigValidationError(
+                "compile.recipe", cfg.recipe.value,
+                "the source is a float (prepared) program; quantize it first, or compile fp32",
+            )
+        return
+    q = upstream.config
+    if q.get("backend") != cfg.backend.value or q.get("recipe") != cfg.recipe.value:
+        raise ConfigValidationError(
+            "compile", f"{cfg.backend.value}/{cfg.recipe.value}",
+            f"the program was quantized for {q.get('backend')}/{q.get('recipe')}; "
+            f"compile with --backend {q.get('backend')} --recipe {q.get('recipe')}",
+        )
+
+
+def run_compile(inp: CompileInput) -> CompileOutput:
+    """Lower to ExecuTorch for `inp.config.backend` and write model.pte (+ ETRecord)."""
+    cfg = inp.config
+    program_path, upstream, digests = _source(inp)
+    _check_matches_upstream(cfg, upstream)
+    program = load_program(program_path)
+    out = begin_artifact(inp.out_dir)
+
+    t = time.perf_counter()
+    etrecord = out / ETRECORD if cfg.etrecord else None
+    lowered = lower_program(program, cfg.backend, etrecord_path=etrecord)
+    seconds = time.perf_counter() - t
+    atomic_write_bytes(out / PTE, lowered.pte)
+    log.info(
+        "lowered for %s in %.1f s: %d ops delegated, %d not, %d partition(s), %d bytes",
+        cfg.backend, seconds, lowered.delegated_ops, lowered.non_delegated_ops,
+        lowered.partitions, len(lowered.pte),
+    )
+
+    files = [PTE] + ([ETRECORD] if etrecord is not None else [])
+    if upstream is not None:
+        carry = [EVAL_INPUTS, REFERENCE_FP32, REFERENCE_FAKE_QUANT]
+        carry += [f.path for f in upstream.files if f.path.startswith("tokenizer/")]
+        for name in (n for n in carry if upstream.file(n) is not None):
+            atomic_copy(inp.source / name, out / name)
+            files.append(name)
+
+    manifest = write_manifest(
+        out,
+        stage=Stage.COMPILE,
+        package=PACKAGE,
+        package_version=qnn_compile.__version__,
+        config=cfg,
+        inputs=digests,
+        files=files,
+        cache_key=cache_key(Stage.COMPILE, cfg, digests, qnn_compile.__version__),
+        timings={"lower_s": round(seconds, 3)},
+        metrics={
+            "model": upstream.metrics.get("model") if upstream else program_path.name,
+            "pte_bytes": len(lowered.pte),
+            "delegated_ops": lowered.delegated_ops,
+            "non_delegated_ops": lowered.non_delegated_ops,
+            "partitions": lowered.partitions,
+            "non_delegated_op_counts": lowered.op_counts,
+        },
+    )
+    return CompileOutput(out, manifest)

@@ -1,0 +1,73 @@
+"""`qnn-compile`: lower an exported program (.pt2 or artifact directory) to an ExecuTorch .pte."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from qnn_common.cli_support import add_logging_args, run_cli, setup_logging
+from qnn_common.config import CompileConfig, Stage
+from qnn_common.manifest import MANIFEST_NAME
+from qnn_common.recipes import Backend, Recipe, parse_enum
+from qnn_common.stages import CompileInput
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="qnn-compile",
+        description="Lower an exported program to an ExecuTorch .pte. SOURCE is a prepare or "
+        "quantize artifact directory, or any .pt2 written by torch.export.save.",
+    )
+    p.add_argument("source", type=Path, help="artifact directory or .pt2 file")
+    p.add_argument("-o", "--out", type=Path, default=Path("out/compile"),
+                   help="artifact directory to write (default: %(default)s)")
+    p.add_argument("--backend", default=Backend.XNNPACK.value,
+                   help=f"{', '.join(b.value for b in Backend)} (default: %(default)s)")
+    p.add_argument("--recipe", help="precision the program carries (default: the quantize "
+                   "artifact's recipe, else fp32; fp16 on qnn)")
+    p.add_argument("--soc", help="target SoC (qnn backend), e.g. SM8650")
+    p.add_argument("--etrecord", action="store_true", help="also write an ETRecord for devtools")
+    add_logging_args(p)
+    return p
+
+
+def _default_recipe(source: Path, backend: Backend) -> Recipe:
+    manifest = source / MANIFEST_NAME
+    if source.is_dir() and manifest.is_file():
+        from qnn_common.manifest import load_manifest
+
+        upstream = load_manifest(source, verify=False)
+        if upstream.stage == Stage.QUANTIZE:
+            return Recipe(upstream.config["recipe"])
+    return Recipe.FP16 if backend is Backend.QNN else Recipe.FP32
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    args = build_parser().parse_args(argv)
+    setup_logging(args.verbose, args.quiet)
+    backend = parse_enum(Backend, args.backend, "--backend")
+    recipe = (
+        parse_enum(Recipe, args.recipe, "--recipe")
+        if args.recipe is not None
+        else _default_recipe(args.source, backend)
+    )
+    config = CompileConfig(backend=backend, recipe=recipe, soc=args.soc, etrecord=args.etrecord)
+    from qnn_compile.api import run_compile  # torch is imported only past argument checks
+
+    result = run_compile(CompileInput(source=args.source, config=config, out_dir=args.out))
+    m = result.manifest.metrics
+    print(
+        f"compiled -> {result.pte} ({m['pte_bytes']} bytes, {m['delegated_ops']} ops delegated, "
+        f"{m['non_delegated_ops']} not)"
+    )
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_cli(_main, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,229 @@
+"""Lower an exported program to an ExecuTorch program (.pte bytes) for one backend.
+
+Input is any `torch.export.ExportedProgram`: float, or PT2E-quantized (q/dq nodes in the graph)
+and exported again. The result carries the serialized program and the numbers the compile report
+shows: how many operator nodes a backend took over, how many stayed on the portable kernels, and
+in how many delegate partitions.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import operator
+import os
+import re
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.fx
+
+from qnn_common.errors import BackendNotAvailableError, StageError
+from qnn_common.recipes import Backend
+
+_STAGE = "compile"
+
+# Top-level nodes that are plumbing around a delegate, not operators run outside it.
+_DELEGATE_CALL = "executorch_call_delegate"
+
+# How operator names look in upstream error messages: `aten.foo.default`, `aten::foo.out`,
+# `quantized_decomposed.quantize_per_tensor.default`, `torch.ops.mylib.op`, `<mylib::op>`.
+_OP_NAME_RE = re.compile(
+    r"(?:torch\.ops\.)?\b([A-Za-z_][A-Za-z0-9_]*(?:::|\.)[A-Za-z_][A-Za-z0-9_]*"
+    r"(?:\.[A-Za-z_][A-Za-z0-9_]*)?)"
+)
+# Namespaces an operator can live in that are not Python modules which also show up in tracebacks.
+_NOT_OP_PREFIXES = ("torch.", "executorch.", "self.", "os.", "typing.", "builtins.")
+
+
+@dataclass(frozen=True)
+class LoweredProgram:
+    """A program lowered for one backend, serialized, with the counts the compile report needs.
+
+    `delegated_ops` counts operator nodes inside delegate payloads (q/dq nodes a quantized graph
+    hands to the backend included); `non_delegated_ops` counts operator nodes left in the top-level
+    edge graph, which run on ExecuTorch's portable kernels; `op_counts` breaks the latter down by
+    edge op name (e.g. ``aten.mean.dim``).
+    """
+
+    pte: bytes
+    backend: Backend
+    delegated_ops: int
+    non_delegated_ops: int
+    partitions: int
+    op_counts: dict[str, int]
+
+
+def lower_program(
+    ep: torch.export.ExportedProgram,
+    backend: Backend,
+    *,
+    etrecord_path: Path | None = None,
+) -> LoweredProgram:
+    """Lower `ep` for `backend` and serialize it to .pte bytes.
+
+    With `etrecord_path`, also write an ETRecord there (the exported, edge and ExecuTorch graphs
+    plus debug handles) so devtools' Inspector can map ETDump events back to source ops.
+
+    Raises:
+        BackendNotAvailableError: `backend` is qnn, whose compile path is not wired up yet.
+        StageError: lowering or serialization failed; the message names the failing operator when
+            the upstream error does, and the upstream exception is chained.
+    """
+    partitioners = _partitioners_for(backend)
+    # Imported here so that importing this module (e.g. to read LoweredProgram) stays cheap.
+    from executorch.exir import to_edge_transform_and_lower
+
+    want_etrecord = etrecord_path is not None
+    try:
+        edge = to_edge_transform_and_lower(
+            ep, partitioner=partitioners, generate_etrecord=want_etrecord
+        )
+    except Exception as exc:
+        raise _stage_error(f"lowering for {backend.value} failed", exc) from exc
+
+    delegated, partitions, outside = _count_ops(edge.exported_program().graph_module)
+
+    try:
+        et_program = edge.to_executorch()
+        pte = bytes(et_program.buffer)
+    except Exception as exc:
+        raise _stage_error(f"serializing the {backend.value} program failed", exc) from exc
+
+    if etrecord_path is not None:
+        try:
+            etrecord = et_program.get_etrecord()
+            with _atomic_target(etrecord_path) as tmp:
+                etrecord.save(str(tmp))
+        except Exception as exc:
+            raise StageError(
+                _STAGE, f"writing the ETRecord to {etrecord_path} failed: {exc}", exc
+            ) from exc
+
+    return LoweredProgram(
+        pte=pte,
+        backend=backend,
+        delegated_ops=delegated,
+        non_delegated_ops=sum(outside.values()),
+        partitions=partitions,
+        op_counts=dict(sorted(outside.items())),
+    )
+
+
+def _partitioners_for(backend: Backend) -> list[Any]:
+    if backend is Backend.XNNPACK:
+        from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+
+        return [XnnpackPartitioner()]
+    if backend is Backend.PORTABLE:
+        return []
+    if backend is Backend.QNN:
+        raise BackendNotAvailableError(
+            "compiling for the qnn backend needs the Qualcomm QNN HTP libraries "
+            "($QNN_SDK_ROOT/lib/x86_64-linux-clang/libQnnHtp.so, with QNN_SDK_ROOT set) and the "
+            "QNN compile path is not wired up in qnn_compile yet (a later issue brings it); "
+            "use backend xnnpack or portable for now"
+        )
+    raise BackendNotAvailableError(f"no lowering path for backend {backend!r}")
+
+
+def _count_ops(gm: torch.fx.GraphModule) -> tuple[int, int, collections.Counter[str]]:
+    """(operator nodes inside delegates, delegate calls, Counter of ops left outside by name)."""
+    delegated = 0
+    partitions = 0
+    outside: collections.Counter[str] = collections.Counter()
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        if _is_delegate_call(node):
+            partitions += 1
+            lowered = getattr(gm, node.args[0].target)
+            delegated += _count_delegated(lowered)
+        elif not _is_plumbing(node):
+            outside[op_name(node.target)] += 1
+    return delegated, partitions, outside
+
+
+def _count_delegated(lowered: Any) -> int:
+    """Operator nodes in one LoweredBackendModule's original graph, nested delegates included."""
+    inner: torch.fx.GraphModule = lowered.original_module.graph_module
+    count = 0
+    for node in inner.graph.nodes:
+        if node.op != "call_function":
+            continue
+        if _is_delegate_call(node):
+            count += _count_delegated(getattr(inner, node.args[0].target))
+        elif not _is_plumbing(node):
+            count += 1
+    return count
+
+
+def _is_delegate_call(node: torch.fx.Node) -> bool:
+    return getattr(node.target, "__name__", None) == _DELEGATE_CALL
+
+
+def _is_plumbing(node: torch.fx.Node) -> bool:
+    # getitem unpacks a multi-output node; it is Python indexing, not a kernel.
+    return node.target is operator.getitem
+
+
+def op_name(target: object) -> str:
+    """A stable, short name for an FX call target: ``aten.mean.dim``, ``mylib.op.default``.
+
+    Edge ops wrap an ATen OpOverload; the name is built from it so that counts here match the
+    op names devtools' Inspector prints.
+    """
+    overload = getattr(target, "_op", target)
+    if isinstance(overload, torch._ops.OpOverload):
+        schema_name = overload._schema.name  # e.g. "aten::mean"
+        namespace, _, base = schema_name.partition("::")
+        return f"{namespace}.{base}.{overload._overloadname}"
+    name = getattr(target, "__name__", None)
+    return name if isinstance(name, str) else str(target)
+
+
+def _stage_error(what: str, exc: BaseException) -> StageError:
+    failing = _find_op_name(exc)
+    where = f" at operator {failing}" if failing else ""
+    detail = str(exc).strip().splitlines()
+    first = detail[0] if detail else type(exc).__name__
+    return StageError(_STAGE, f"{what}{where}: {type(exc).__name__}: {first}", exc)
+
+
+def _find_op_name(exc: BaseException) -> str | None:
+    """The first operator-looking name in the exception chain's messages, if any."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        node = getattr(current, "node", None)  # some fx errors carry the node they failed on
+        if isinstance(node, torch.fx.Node) and node.op == "call_function":
+            return op_name(node.target)
+        for match in _OP_NAME_RE.finditer(str(current)):
+            name = match.group(1).replace("::", ".")
+            if not name.startswith(_NOT_OP_PREFIXES) and not _looks_like_file(name):
+                return name
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def _looks_like_file(name: str) -> bool:
+    return name.rsplit(".", 1)[-1] in {"py", "cpp", "h", "so", "pte", "pt2"}
+
+
+@contextlib.contextmanager
+def _atomic_target(path: Path) -> Iterator[Path]:
+    """Yield a temporary path beside `path`; move it into place only if the body succeeds."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)

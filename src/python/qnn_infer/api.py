@@ -1,0 +1,136 @@
+"""The infer stage as a library call: run a .pte, judge it against its references, time it."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import qnn_infer
+from qnn_common.config import InferConfig, Stage
+from qnn_common.errors import ConfigValidationError
+from qnn_common.manifest import (
+    begin_artifact,
+    cache_key,
+    load_manifest,
+    manifest_digest,
+    sha256_file,
+    write_manifest,
+)
+from qnn_common.metrics import cosine, max_abs_error, sqnr_db
+from qnn_common.stages import (
+    ETDUMP,
+    EVAL_INPUTS,
+    OUTPUTS,
+    PTE,
+    REFERENCE_FAKE_QUANT,
+    REFERENCE_FP32,
+    InferInput,
+    InferOutput,
+)
+from qnn_common.tensorio import Sample, load_samples, save_samples
+from qnn_infer.runner import HostRunner, measure_latency
+
+PACKAGE = "qnn-infer"
+log = logging.getLogger(__name__)
+
+
+def _digests(inp: InferInput) -> dict[str, str]:
+    if inp.source.is_dir():
+        digests = {"compile": manifest_digest(inp.source)}
+    else:
+        digests = {"pte": sha256_file(inp.source)}
+    if inp.config.inputs_file is not None:
+        digests["inputs_file"] = sha256_file(inp.config.inputs_file)
+    return digests
+
+
+def infer_cache_key(inp: InferInput) -> str:
+    return cache_key(Stage.INFER, inp.config, _digests(inp), qnn_infer.__version__)
+
+
+def compare(reference: list[Sample], actual: list[Sample]) -> dict[str, Any]:
+    """SQNR, cosine and max abs error per output (over all samples) and overall."""
+    per_output = []
+    for i in range(len(reference[0])):
+        ref = np.concatenate([r[i].detach().double().numpy().ravel() for r in reference])
+        got = np.concatenate([a[i].detach().double().numpy().ravel() for a in actual])
+        per_output.append(
+            {"output": i, "sqnr_db": sqnr_db(ref, got), "cosine": cosine(ref, got),
+             "max_abs_error": max_abs_error(ref, got)}
+        )
+    return {
+        "sqnr_db": min(o["sqnr_db"] for o in per_output),
+        "cosine": min(o["cosine"] for o in per_output),
+        "max_abs_error": max(o["max_abs_error"] for o in per_output),
+        "per_output": per_output,
+    }
+
+
+def run_infer(inp: InferInput) -> InferOutput:
+    """Run the program on the artifact's eval inputs (or `inputs_file`), compare and time it."""
+    cfg: InferConfig = inp.config
+    if inp.source.is_dir():
+        upstream = load_manifest(inp.source, expect_stage=Stage.COMPILE)
+        pte = inp.source / PTE
+        have = {f.path for f in upstream.files}
+    else:
+        upstream, pte, have = None, inp.source, set()
+    eval_path = inp.source / EVAL_INPUTS
+    example = load_samples(eval_path)[0] if EVAL_INPUTS in have else None
+    if cfg.inputs_file is not None:
+        inputs = load_samples(cfg.inputs_file, like=example)
+        references_apply = False
+    elif example is not None:
+        inputs = load_samples(eval_path)
+        references_apply = True
+    else:
+        raise ConfigValidationError(
+            "infer.inputs_file", None,
+            f"{pte} comes without evaluation inputs; pass --inputs FILE.pt "
+            "(a tensor, a tuple of tensors, or a list of those, saved with torch.save)",
+        )
+
+    out = begin_artifact(inp.out_dir)
+    runner = HostRunner(pte, example_inputs=inputs[0])
+    etdump = out / ETDUMP if cfg.etdump else None
+    t = time.perf_counter()
+    outputs = [runner.run(sample) for sample in inputs]
+    run_s = time.perf_counter() - t
+    latency = measure_latency(runner, inputs[0], warmup=cfg.warmup, runs=cfg.runs)
+    log.info("ran %d sample(s); p50 %.3f ms, p90 %.3f ms", len(inputs),
+             latency["p50_ms"], latency["p90_ms"])
+    if etdump is not None:
+        runner.write_etdump(etdump)
+    save_samples(out / OUTPUTS, outputs)
+
+    accuracy: dict[str, Any] = {}
+    if references_apply:
+        for key, name in (("vs_fp32", REFERENCE_FP32), ("vs_fake_quant", REFERENCE_FAKE_QUANT)):
+            if name in have:
+                accuracy[key] = compare(load_samples(inp.source / name), outputs)
+    digests = _digests(inp)
+    files = [OUTPUTS] + ([ETDUMP] if etdump is not None else [])
+    manifest = write_manifest(
+        out,
+        stage=Stage.INFER,
+        package=PACKAGE,
+        package_version=qnn_infer.__version__,
+        config=cfg,
+        inputs=digests,
+        files=files,
+        cache_key=cache_key(Stage.INFER, cfg, digests, qnn_infer.__version__),
+        timings={"run_s": round(run_s, 3)},
+        metrics={
+            "model": upstream.metrics.get("model") if upstream else Path(pte).name,
+            "runner": runner.name,
+            "samples": len(inputs),
+            "latency_ms": {k.removesuffix("_ms"): v for k, v in latency.items()},
+            "accuracy": accuracy,
+        },
+    )
+    return InferOutput(out, manifest)
+

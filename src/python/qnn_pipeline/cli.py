@@ -1,0 +1,124 @@
+"""`qnn-pipeline`: prepare -> quantize -> compile -> infer in one command, cached and resumable."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from qnn_common.cli_support import add_logging_args, run_cli, setup_logging
+from qnn_common.config import PipelineContext, Stage, load_pipeline_toml, pipeline_from_mapping
+from qnn_common.manifest import MANIFEST_NAME, load_manifest
+from qnn_common.recipes import Backend, Recipe
+from qnn_common.soc import soc_names
+
+EPILOG = """examples:
+  qnn-pipeline --model minilm                      # XNNPACK 8a8w, the default
+  qnn-pipeline --model tiny-cnn --skip quantize    # the fp32 path
+  qnn-pipeline --model path/to/hf_dir --stop-after compile
+  qnn-pipeline --from out/quantize-1a2b3c4d5e6f --backend xnnpack
+  qnn-pipeline --config pipeline.toml --force
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="qnn-pipeline",
+        description="Take a model to a running ExecuTorch program: prepare, quantize, compile, "
+        "infer. Each stage writes OUT/<stage>-<key>/ with a manifest; a rerun with the same "
+        "inputs reuses up-to-date stages.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--model", help="built-in name, Hugging Face directory, or module:function")
+    p.add_argument("--list-models", action="store_true", help="list built-in models and exit")
+    p.add_argument("--list-socs", action="store_true", help="list known SoCs and exit")
+    p.add_argument("--config", type=Path, help="a pipeline TOML file; flags override it")
+    p.add_argument("--backend", choices=[b.value for b in Backend],
+                   help="default: xnnpack")
+    p.add_argument("--recipe", choices=[r.value for r in Recipe],
+                   help="default: 8a8w (fp32 / fp16 with --skip quantize)")
+    p.add_argument("--soc", help="target SoC for the qnn backend, e.g. SM8650")
+    p.add_argument("--out", type=Path, help="output directory (default: out)")
+    p.add_argument("--skip", action="append", choices=[Stage.QUANTIZE.value, Stage.INFER.value],
+                   help="skip a stage (repeatable)")
+    p.add_argument("--stop-after", choices=[s.value for s in Stage],
+                   help="stop after this stage (compile = compile-only)")
+    p.add_argument("--from", dest="from_artifact", type=Path,
+                   help="start midway from an artifact directory, a .pt2 or a .pte")
+    p.add_argument("--force", action="store_true", help="rerun stages even if up to date")
+    p.add_argument("--seq-len", type=int, help="token length for text models (default: 128)")
+    p.add_argument("--calibration-samples", type=int, help="default: 16")
+    p.add_argument("--runs", type=int, help="timed inference runs (default: 20)")
+    add_logging_args(p)
+    return p
+
+
+def _upstream_recipe(from_artifact: Path | None) -> str | None:
+    if from_artifact is None or not (from_artifact / MANIFEST_NAME).is_file():
+        return None
+    manifest = load_manifest(from_artifact, verify=False)
+    recipe = manifest.config.get("recipe")
+    return str(recipe) if recipe is not None else None
+
+
+def context_from_args(args: argparse.Namespace) -> PipelineContext:
+    """Merge the TOML file (if any) and the flags into one validated context."""
+    model = args.model
+    recipe = args.recipe or _upstream_recipe(args.from_artifact)
+    if model is None and args.from_artifact is not None:
+        model = str(args.from_artifact)
+    skip = list(args.skip or [])
+    if args.from_artifact is not None and recipe in (None, Recipe.FP32.value, Recipe.FP16.value):
+        skip.append(Stage.QUANTIZE.value)
+    overrides: dict[str, dict[str, Any]] = {
+        "pipeline": {
+            "model": model, "backend": args.backend, "recipe": recipe, "soc": args.soc,
+            "out": args.out, "skip": skip or None, "stop_after": args.stop_after,
+            "force": args.force or None,
+        },
+        "prepare": {"seq_len": args.seq_len, "calibration_samples": args.calibration_samples},
+        "infer": {"runs": args.runs},
+    }
+    if args.config is not None:
+        return load_pipeline_toml(args.config, overrides)
+    return pipeline_from_mapping({}, overrides)
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    setup_logging(args.verbose, args.quiet)
+    if args.list_socs:
+        from qnn_common.soc import SOCS
+
+        for name in soc_names():
+            s = SOCS[name]
+            lpai = f", LPAI {s.lpai}" if s.lpai else ""
+            print(f"{name:10s} id {s.chipset_id:3d}  HTP {s.htp_arch}  VTCM {s.vtcm_mb} MB{lpai}")
+        return 0
+    if args.list_models:
+        from qnn_prepare.models import BUILTIN_MODELS
+
+        for name, description in BUILTIN_MODELS.items():
+            print(f"{name:12s} {description}")
+        return 0
+    if args.model is None and args.config is None and args.from_artifact is None:
+        parser.error("pass --model, --config or --from (see --list-models)")
+    ctx = context_from_args(args)
+    from qnn_pipeline.orchestrator import format_summary, run_pipeline  # imports torch
+
+    result = run_pipeline(ctx, from_artifact=args.from_artifact)
+    print(format_summary(result.summary))
+    print(f"summary: {result.summary_path}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_cli(_main, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,229 @@
+"""Chains prepare -> quantize -> compile -> infer through artifact directories.
+
+Each stage's output lands in `OUT/<stage>-<cache key[:12]>/`. The key covers the stage config, the
+digests of its inputs and the package and tool versions, so a rerun finds an up-to-date artifact
+(its manifest verified, hashes and all) and skips the stage; a changed input changes the key and
+only the stages downstream of it run again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from qnn_common.config import PipelineContext, Stage
+from qnn_common.errors import ArtifactError, ConfigValidationError, PipelineError, StageError
+from qnn_common.manifest import MANIFEST_NAME, Manifest, atomic_write_text, load_manifest
+from qnn_common.stages import (
+    CompileInput,
+    InferInput,
+    PrepareInput,
+    QuantizeInput,
+)
+from qnn_compile.api import compile_cache_key, run_compile
+from qnn_infer.api import infer_cache_key, run_infer
+from qnn_prepare.api import prepare_cache_key, run_prepare
+from qnn_quant.api import quantize_cache_key, run_quantize
+
+log = logging.getLogger(__name__)
+
+Status = Literal["ran", "cached", "skipped"]
+SUMMARY_NAME = "summary.json"
+
+
+@dataclass(frozen=True)
+class StageRecord:
+    """What happened to one stage in one run."""
+
+    stage: Stage
+    status: Status
+    seconds: float = 0.0
+    artifact: Path | None = None
+
+
+@dataclass(frozen=True)
+class PipelineResult:
+    records: tuple[StageRecord, ...]
+    summary: dict[str, Any]
+    summary_path: Path
+
+
+@dataclass(frozen=True)
+class _StageSpec:
+    """How the orchestrator drives one stage: build its input, key it, run it."""
+
+    make_input: Callable[[PipelineContext, Path | None, Path], Any]
+    cache_key: Callable[[Any], str]
+    run: Callable[[Any], Any]
+
+
+def _need(source: Path | None, stage: Stage) -> Path:
+    if source is None:
+        raise ConfigValidationError(
+            "pipeline.from", None, f"{stage} needs an input artifact; run the earlier stages"
+        )
+    return source
+
+
+_SPECS: dict[Stage, _StageSpec] = {
+    Stage.PREPARE: _StageSpec(
+        lambda ctx, src, out: PrepareInput(ctx.prepare, out),
+        lambda inp: prepare_cache_key(inp.config),
+        run_prepare,
+    ),
+    Stage.QUANTIZE: _StageSpec(
+        lambda ctx, src, out: QuantizeInput(_need(src, Stage.QUANTIZE), ctx.quantize, out),
+        quantize_cache_key,
+        run_quantize,
+    ),
+    Stage.COMPILE: _StageSpec(
+        lambda ctx, src, out: CompileInput(_need(src, Stage.COMPILE), ctx.compile, out),
+        compile_cache_key,
+        run_compile,
+    ),
+    Stage.INFER: _StageSpec(
+        lambda ctx, src, out: InferInput(_need(src, Stage.INFER), ctx.infer, out),
+        infer_cache_key,
+        run_infer,
+    ),
+}
+
+
+def start_of(from_artifact: Path) -> Stage:
+    """The first stage to run when resuming from `from_artifact`."""
+    if from_artifact.is_dir():
+        produced = Stage(load_manifest(from_artifact).stage)
+        if produced is Stage.INFER:
+            raise ArtifactError(from_artifact, "is an infer artifact: nothing is left to run")
+        return list(Stage)[produced.index + 1]
+    if from_artifact.suffix == ".pt2":
+        return Stage.COMPILE
+    if from_artifact.suffix == ".pte":
+        return Stage.INFER
+    raise ArtifactError(
+        from_artifact, "not an artifact directory, .pt2 or .pte; cannot tell where to resume"
+    )
+
+
+def _up_to_date(out_dir: Path, stage: Stage, key: str) -> bool:
+    if not (out_dir / MANIFEST_NAME).is_file():
+        return False
+    try:
+        manifest = load_manifest(out_dir, expect_stage=stage)
+    except ArtifactError as err:
+        log.warning("%s: cached artifact refused (%s); rerunning", stage, err.reason)
+        return False
+    return manifest.cache_key == key
+
+
+def run_pipeline(ctx: PipelineContext, *, from_artifact: Path | None = None) -> PipelineResult:
+    """Run the stages `ctx` asks for and write `ctx.out_dir/summary.json`."""
+    first = start_of(from_artifact) if from_artifact is not None else Stage.PREPARE
+    source = from_artifact
+    records: list[StageRecord] = []
+    manifests: dict[Stage, Manifest] = {}
+    for stage in Stage:
+        past_stop = ctx.stop_after is not None and stage.index > ctx.stop_after.index
+        if stage.index < first.index or stage in ctx.skip or past_stop:
+            records.append(StageRecord(stage, "skipped"))
+            log.info("%s skipped", stage)
+            continue
+        spec = _SPECS[stage]
+        inp = spec.make_input(ctx, source, Path())
+        key = spec.cache_key(inp)
+        out_dir = ctx.out_dir / f"{stage}-{key[:12]}"
+        if not ctx.force and _up_to_date(out_dir, stage, key):
+            log.info("%s cached: %s is up to date", stage, out_dir)
+            records.append(StageRecord(stage, "cached", 0.0, out_dir))
+        else:
+            log.info("%s started", stage)
+            t = time.perf_counter()
+            try:
+                spec.run(dataclasses.replace(inp, out_dir=out_dir))
+            except PipelineError:
+                raise
+            except Exception as err:
+                raise StageError(stage, f"failed: {type(err).__name__}: {err}", err) from err
+            seconds = time.perf_counter() - t
+            log.info("%s completed in %.1f s -> %s", stage, seconds, out_dir)
+            records.append(StageRecord(stage, "ran", round(seconds, 3), out_dir))
+        manifests[stage] = load_manifest(out_dir, expect_stage=stage, verify=False)
+        source = out_dir
+    summary = build_summary(ctx, records, manifests)
+    ctx.out_dir.mkdir(parents=True, exist_ok=True)
+    summary_path = ctx.out_dir / SUMMARY_NAME
+    atomic_write_text(summary_path, json.dumps(summary, indent=2) + "\n")
+    return PipelineResult(tuple(records), summary, summary_path)
+
+
+def build_summary(
+    ctx: PipelineContext, records: list[StageRecord], manifests: dict[Stage, Manifest]
+) -> dict[str, Any]:
+    """The run at a glance; the keys are a stable contract for scripts and CI dashboards."""
+
+    def metric(stage: Stage, *path: str) -> Any:
+        value: Any = manifests[stage].metrics if stage in manifests else None
+        for key in path:
+            value = value.get(key) if isinstance(value, dict) else None
+        return value
+
+    return {
+        "model": ctx.prepare.model,
+        "backend": ctx.backend.value,
+        "recipe": ctx.recipe.value,
+        "soc": ctx.soc,
+        "stages": [
+            {
+                "name": r.stage.value,
+                "status": r.status,
+                "seconds": r.seconds,
+                "artifact": None if r.artifact is None else str(r.artifact),
+            }
+            for r in records
+        ],
+        "accuracy": {
+            "sqnr_db_vs_fp32": metric(Stage.INFER, "accuracy", "vs_fp32", "sqnr_db"),
+            "cosine_vs_fp32": metric(Stage.INFER, "accuracy", "vs_fp32", "cosine"),
+            "sqnr_db_vs_fake_quant": metric(Stage.INFER, "accuracy", "vs_fake_quant", "sqnr_db"),
+            "fake_quant_sqnr_db_vs_fp32": metric(Stage.QUANTIZE, "accuracy", "sqnr_db"),
+        },
+        "worst_layers": (metric(Stage.QUANTIZE, "accuracy", "worst_layers") or [])[:3],
+        "latency_ms": {
+            "p50": metric(Stage.INFER, "latency_ms", "p50"),
+            "p90": metric(Stage.INFER, "latency_ms", "p90"),
+        },
+        "pte_bytes": metric(Stage.COMPILE, "pte_bytes"),
+        "delegated_ops": metric(Stage.COMPILE, "delegated_ops"),
+        "non_delegated_ops": metric(Stage.COMPILE, "non_delegated_ops"),
+    }
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    """A terminal table of the stages followed by the headline numbers."""
+    lines = [f"{'stage':10s} {'status':8s} {'seconds':>8s}  artifact"]
+    for s in summary["stages"]:
+        lines.append(
+            f"{s['name']:10s} {s['status']:8s} {s['seconds']:8.1f}  {s['artifact'] or '-'}"
+        )
+    acc, lat = summary["accuracy"], summary["latency_ms"]
+
+    def num(value: Any, fmt: str) -> str:
+        return "-" if value is None else format(value, fmt)
+
+    lines.append("")
+    lines.append(
+        f"{summary['model']} on {summary['backend']} ({summary['recipe']}"
+        f"{', ' + summary['soc'] if summary['soc'] else ''}): "
+        f"SQNR vs fp32 {num(acc['sqnr_db_vs_fp32'], '.1f')} dB, "
+        f"cosine {num(acc['cosine_vs_fp32'], '.4f')}, "
+        f"vs fake-quant {num(acc['sqnr_db_vs_fake_quant'], '.1f')} dB; "
+        f"latency p50 {num(lat['p50'], '.3f')} ms, p90 {num(lat['p90'], '.3f')} ms; "
+        f".pte {num(summary['pte_bytes'], ',')} bytes"
+    )
+    return "\n".join(lines)

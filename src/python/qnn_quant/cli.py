@@ -1,0 +1,62 @@
+"""`qnn-quant`: post-training quantization of a prepared artifact, with an accuracy report."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from qnn_common.cli_support import add_logging_args, run_cli, setup_logging
+from qnn_common.config import QuantizeConfig
+from qnn_common.recipes import Backend, Recipe, parse_enum
+from qnn_common.stages import QuantizeInput
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="qnn-quant",
+        description="Quantize a prepared artifact with PT2E (torchao) and report SQNR / cosine "
+        "per output and the layers that lose the most accuracy.",
+    )
+    p.add_argument("source", type=Path, help="a prepared artifact directory (from qnn-prepare)")
+    p.add_argument("-o", "--out", type=Path, default=Path("out/quantize"),
+                   help="artifact directory to write (default: %(default)s)")
+    p.add_argument("--backend", default=Backend.XNNPACK.value,
+                   help=f"quantizer to use: {', '.join(b.value for b in Backend)}")
+    p.add_argument("--recipe", default=Recipe.A8W8.value,
+                   help=f"one of {', '.join(r.value for r in Recipe if r.is_quantized)}")
+    p.add_argument("--soc", help="target SoC (qnn backend), e.g. SM8650")
+    p.add_argument("--per-tensor", action="store_true",
+                   help="per-tensor weights instead of per-channel")
+    p.add_argument("--report-layers", type=int, default=10,
+                   help="how many worst layers to report (default: %(default)s)")
+    add_logging_args(p)
+    return p
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    args = build_parser().parse_args(argv)
+    setup_logging(args.verbose, args.quiet)
+    config = QuantizeConfig(
+        backend=parse_enum(Backend, args.backend, "--backend"),
+        recipe=parse_enum(Recipe, args.recipe, "--recipe"),
+        soc=args.soc,
+        per_channel=not args.per_tensor,
+        report_layers=args.report_layers,
+    )
+    from qnn_quant.api import run_quantize  # torch is imported only past argument checks
+
+    result = run_quantize(QuantizeInput(source=args.source, config=config, out_dir=args.out))
+    print(json.dumps(result.accuracy, indent=2))
+    print(f"quantized -> {result.artifact_dir}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_cli(_main, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
