@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from qnn_common.errors import ConfigValidationError
-from qnn_common.recipes import Backend, Recipe, check_recipe
+from qnn_common.recipes import Backend, Recipe, check_recipe, parse_enum
 from qnn_common.soc import Soc, lookup_soc
 
 DEFAULT_SEED = 1126
@@ -56,13 +56,21 @@ class Stage(enum.StrEnum):
     INFER = "infer"
 
     @property
-    def index(self) -> int:
+    def index(self) -> int:  # type: ignore[override]  # shadows str.index on purpose
         return list(Stage).index(self)
 
 
 def _positive(name: str, value: int, minimum: int = 1) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ConfigValidationError(name, value, f"must be an integer >= {minimum}")
+
+
+def _normalize_enums(config: object, section: str) -> None:
+    """Accept "qnn" for Backend.QNN (and so on) from Python callers; reject anything else."""
+    for name, kind in (("backend", Backend), ("recipe", Recipe)):
+        value = getattr(config, name)
+        if not isinstance(value, kind):
+            object.__setattr__(config, name, parse_enum(kind, str(value), f"{section}.{name}"))
 
 
 def _soc_or_none(name: str | None, path: str) -> Soc | None:
@@ -105,6 +113,7 @@ class QuantizeConfig:
     report_layers: int = 10
 
     def __post_init__(self) -> None:
+        _normalize_enums(self, "quantize")
         if not self.recipe.is_quantized:
             raise ConfigValidationError(
                 "quantize.recipe",
@@ -131,6 +140,7 @@ class CompileConfig:
     etrecord: bool = False
 
     def __post_init__(self) -> None:
+        _normalize_enums(self, "compile")
         check_recipe(self.backend, self.recipe, _soc_or_none(self.soc, "compile.soc"),
                      "compile.recipe")
 
@@ -276,6 +286,8 @@ def load_pipeline_toml(path: Path, overrides: Overrides | None = None) -> Pipeli
         raise ConfigValidationError("config", str(path), "file not found") from None
     except tomllib.TOMLDecodeError as err:
         raise ConfigValidationError("config", str(path), f"not valid TOML: {err}") from None
+    except (OSError, UnicodeDecodeError) as err:  # a directory, no permission, not UTF-8
+        raise ConfigValidationError("config", str(path), f"cannot read it: {err}") from None
     return pipeline_from_mapping(data, overrides)
 
 
@@ -295,6 +307,7 @@ def pipeline_from_mapping(
         if name in data and not isinstance(data[name], Mapping):
             raise ConfigValidationError(name, data[name], "must be a table ([section])")
     merged = {name: dict(data.get(name, {})) for name in _SECTIONS}
+    _reject_unknown(overrides or {}, _SECTIONS, "")
     for name, values in (overrides or {}).items():
         merged[name].update({k: v for k, v in values.items() if v is not None})
     top = merged.pop("pipeline")
@@ -302,11 +315,11 @@ def pipeline_from_mapping(
     if "model" not in top:
         raise ConfigValidationError("pipeline.model", None, "required")
     hints = typing.get_type_hints(PipelineContext.create)
-    kwargs: dict[str, Any] = {}
+    kwargs: dict[str, Any] = {**merged}
     for key, value in top.items():
         name = "out_dir" if key == "out" else key
         kwargs[name] = _coerce(hints[name], value, f"pipeline.{key}")
-    return PipelineContext.create(**kwargs, **merged)
+    return PipelineContext.create(**kwargs)
 
 
 # Fields the pipeline sets on the stage configs itself; a stage table may not repeat them.
@@ -358,11 +371,11 @@ def _coerce(tp: Any, value: Any, path: str) -> Any:
         (inner,) = typing.get_args(tp)
         if isinstance(value, str):
             value = [v for v in value.split(",") if v]
-        if not isinstance(value, (list, tuple, set, frozenset)):
+        if not isinstance(value, list | tuple | set | frozenset):
             raise ConfigValidationError(path, value, "must be a list")
         return frozenset(_coerce(inner, v, path) for v in value)
     if tp is Path:
-        if not isinstance(value, (str, Path)):
+        if not isinstance(value, str | Path):
             raise ConfigValidationError(path, value, "must be a path string")
         return Path(value)
     if tp is bool:

@@ -84,6 +84,10 @@ def atomic_path(path: Path) -> Iterator[Path]:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
+    # mkstemp creates 0600; artifacts are shared files, so honour the umask like open() does.
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp_name, 0o666 & ~umask)
     tmp = Path(tmp_name)
     try:
         yield tmp
@@ -141,7 +145,7 @@ def sha256_file(path: Path) -> str:
 
 
 def to_jsonable(value: Any) -> Any:
-    """Convert configs (dataclasses, enums, paths, sets) into plain JSON values, deterministically."""
+    """Convert configs (dataclasses, enums, paths, sets) to plain JSON values, deterministically."""
     if is_dataclass(value) and not isinstance(value, type):
         return {k: to_jsonable(v) for k, v in asdict(value).items()}
     if isinstance(value, Enum):
@@ -150,16 +154,18 @@ def to_jsonable(value: Any) -> Any:
         return str(value)
     if isinstance(value, Mapping):
         return {str(k): to_jsonable(v) for k, v in value.items()}
-    if isinstance(value, (set, frozenset)):
+    if isinstance(value, set | frozenset):
         return sorted(to_jsonable(v) for v in value)
-    if isinstance(value, (list, tuple)):
+    if isinstance(value, list | tuple):
         return [to_jsonable(v) for v in value]
     if isinstance(value, float) and value != value:  # NaN is not JSON
         return None
     return value
 
 
-def cache_key(stage: str, config: Any, input_digests: Mapping[str, str], package_version: str) -> str:
+def cache_key(
+    stage: str, config: Any, input_digests: Mapping[str, str], package_version: str
+) -> str:
     """A digest of everything that determines a stage's output.
 
     Same config + same inputs + same package version => same key, so the pipeline may reuse the
@@ -179,7 +185,7 @@ def cache_key(stage: str, config: Any, input_digests: Mapping[str, str], package
 
 
 def tool_versions(extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    """Python and the ML stack's versions (`not installed` where absent), plus `extra` (QNN libs)."""
+    """Python and the ML stack's versions (`not installed` where absent), plus `extra` (QNN)."""
     versions = {"python": platform.python_version()}
     for dist in TRACKED_DISTRIBUTIONS:
         try:
@@ -211,6 +217,10 @@ def write_manifest(
     entries = []
     for rel in sorted(set(files)):
         p = artifact_dir / rel
+        if Path(rel).is_absolute() or ".." in Path(rel).parts:
+            raise ArtifactError(p, "an output must lie inside the artifact directory")
+        if Path(rel) == Path(MANIFEST_NAME):
+            raise ArtifactError(p, f"{MANIFEST_NAME} is the seal itself; don't list it")
         if not p.is_file():
             raise ArtifactError(p, "listed as an output but was not written")
         entries.append(FileEntry(rel, sha256_file(p), p.stat().st_size))
@@ -270,6 +280,8 @@ def load_manifest(
     try:
         files = tuple(FileEntry(**f) for f in raw.pop("files"))
         manifest = Manifest(files=files, **raw)
+        if not all(isinstance(f.path, str) and isinstance(f.size, int) for f in files):
+            raise TypeError("file entries need a string path and an integer size")
     except (TypeError, KeyError) as err:
         raise ArtifactError(path, f"manifest is malformed ({err})") from None
     if expect_stage is not None:
@@ -294,7 +306,9 @@ def _verify_entry(artifact_dir: Path, entry: FileEntry) -> None:
     size = p.stat().st_size
     if size != entry.size:
         raise ArtifactError(
-            p, f"size {size} bytes, manifest says {entry.size} (truncated or modified); rerun the stage"
+            p,
+            f"size {size} bytes, manifest says {entry.size} (truncated or modified); "
+            "rerun the stage",
         )
     digest = sha256_file(p)
     if digest != entry.sha256:

@@ -53,7 +53,7 @@ def _normalize(path: Path, data: object) -> list[Sample]:
         for i, item in enumerate(data):
             if isinstance(item, torch.Tensor):
                 out.append((item,))
-            elif isinstance(item, (tuple, list)) and all(isinstance(t, torch.Tensor) for t in item):
+            elif isinstance(item, tuple | list) and all(isinstance(t, torch.Tensor) for t in item):
                 out.append(tuple(item))
             else:
                 raise ArtifactError(path, f"item {i} is {type(item).__name__}, not tensors")
@@ -101,7 +101,7 @@ def flatten_outputs(out: object) -> Sample:
     """A model's output (tensor, tuple, list, or dataclass-like with tensors) as a flat tuple."""
     if isinstance(out, torch.Tensor):
         return (out,)
-    if isinstance(out, (tuple, list)):
+    if isinstance(out, tuple | list):
         return tuple(t for item in out for t in flatten_outputs(item))
     if isinstance(out, dict):
         return tuple(t for item in out.values() for t in flatten_outputs(item))

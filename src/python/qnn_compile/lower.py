@@ -9,12 +9,8 @@ in how many delegate partitions.
 from __future__ import annotations
 
 import collections
-import contextlib
 import operator
-import os
 import re
-import tempfile
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,10 +18,12 @@ from typing import Any
 import torch
 import torch.fx
 
+from qnn_common.config import Stage
 from qnn_common.errors import BackendNotAvailableError, StageError
+from qnn_common.manifest import atomic_path
 from qnn_common.recipes import Backend
 
-_STAGE = "compile"
+_STAGE = Stage.COMPILE
 
 # Top-level nodes that are plumbing around a delegate, not operators run outside it.
 _DELEGATE_CALL = "executorch_call_delegate"
@@ -76,6 +74,10 @@ def lower_program(
     """
     partitioners = _partitioners_for(backend)
     # Imported here so that importing this module (e.g. to read LoweredProgram) stays cheap.
+    # The kernels import registers out variants of the quantized_decomposed q/dq ops: without it a
+    # PT2E graph whose q/dq nodes stay outside a delegate (all of them, for portable) cannot be
+    # serialized ("Missing out variants").
+    import executorch.kernels.quantized  # noqa: F401
     from executorch.exir import to_edge_transform_and_lower
 
     want_etrecord = etrecord_path is not None
@@ -97,7 +99,7 @@ def lower_program(
     if etrecord_path is not None:
         try:
             etrecord = et_program.get_etrecord()
-            with _atomic_target(etrecord_path) as tmp:
+            with atomic_path(etrecord_path) as tmp:
                 etrecord.save(str(tmp))
         except Exception as exc:
             raise StageError(
@@ -177,7 +179,8 @@ def op_name(target: object) -> str:
     Edge ops wrap an ATen OpOverload; the name is built from it so that counts here match the
     op names devtools' Inspector prints.
     """
-    overload = getattr(target, "_op", target)
+    # Edge ops keep their ATen overload in `_op`; a plain OpOverload's `_op` is its C++ callable.
+    overload = target if isinstance(target, torch._ops.OpOverload) else getattr(target, "_op", None)
     if isinstance(overload, torch._ops.OpOverload):
         schema_name = overload._schema.name  # e.g. "aten::mean"
         namespace, _, base = schema_name.partition("::")
@@ -213,17 +216,3 @@ def _find_op_name(exc: BaseException) -> str | None:
 
 def _looks_like_file(name: str) -> bool:
     return name.rsplit(".", 1)[-1] in {"py", "cpp", "h", "so", "pte", "pt2"}
-
-
-@contextlib.contextmanager
-def _atomic_target(path: Path) -> Iterator[Path]:
-    """Yield a temporary path beside `path`; move it into place only if the body succeeds."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    tmp = Path(tmp_name)
-    try:
-        yield tmp
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)

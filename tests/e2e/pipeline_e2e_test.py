@@ -1,0 +1,92 @@
+"""End to end, for real: built-in models through all four stages on XNNPACK, then again (cached).
+
+No mocks: real torch.export, real torchao PT2E quantization, real ExecuTorch lowering, and the
+.pte executed by the ExecuTorch runtime.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from qnn_common.config import PipelineContext, Stage
+from qnn_common.manifest import load_manifest
+from qnn_common.recipes import Recipe
+from qnn_pipeline.cli import main as pipeline_main
+from qnn_pipeline.orchestrator import run_pipeline
+
+SUMMARY_KEYS = {"model", "backend", "recipe", "soc", "stages", "accuracy", "latency_ms",
+                "pte_bytes"}
+
+
+def _statuses(summary: dict[str, object]) -> dict[str, str]:
+    stages = summary["stages"]
+    assert isinstance(stages, list)
+    return {s["name"]: s["status"] for s in stages}
+
+
+@pytest.fixture(scope="module")
+def minilm_8a8w(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, object]]:
+    out = tmp_path_factory.mktemp("minilm")
+    code = pipeline_main(
+        ["--model", "minilm", "--out", str(out), "--seq-len", "64",
+         "--calibration-samples", "8", "--runs", "5"]
+    )
+    assert code == 0
+    return out, json.loads((out / "summary.json").read_text())
+
+
+def test_minilm_8a8w_embeddings_match_fp32(minilm_8a8w: tuple[Path, dict[str, object]]) -> None:
+    out, summary = minilm_8a8w
+    assert summary.keys() >= SUMMARY_KEYS
+    assert summary["backend"] == "xnnpack" and summary["recipe"] == "8a8w"
+    assert summary["soc"] is None
+    assert _statuses(summary) == {s.value: "ran" for s in Stage}
+    accuracy = summary["accuracy"]
+    assert isinstance(accuracy, dict)
+    assert accuracy["cosine_vs_fp32"] >= 0.98
+    # The .pte must agree with the fake-quantized PyTorch model far better than with fp32.
+    assert accuracy["sqnr_db_vs_fake_quant"] > accuracy["sqnr_db_vs_fp32"]
+    latency = summary["latency_ms"]
+    assert isinstance(latency, dict) and 0 < latency["p50"] <= latency["p90"]
+    pte_bytes = summary["pte_bytes"]
+    assert isinstance(pte_bytes, int) and pte_bytes > 1_000_000  # int8 weights of 22M params
+    for stage in summary["stages"]:  # type: ignore[attr-defined]
+        manifest = load_manifest(Path(stage["artifact"]), expect_stage=stage["name"])
+        assert manifest.tools["executorch"] != "not installed"
+
+
+def test_minilm_second_run_is_fully_cached(minilm_8a8w: tuple[Path, dict[str, object]]) -> None:
+    out, first = minilm_8a8w
+    code = pipeline_main(
+        ["--model", "minilm", "--out", str(out), "--seq-len", "64",
+         "--calibration-samples", "8", "--runs", "5"]
+    )
+    assert code == 0
+    second = json.loads((out / "summary.json").read_text())
+    assert _statuses(second) == {s.value: "cached" for s in Stage}
+    assert second["pte_bytes"] == first["pte_bytes"]
+
+
+def test_tiny_cnn_fp32_path_is_exact(tmp_path: Path) -> None:
+    ctx = PipelineContext.create("tiny-cnn", skip=frozenset({Stage.QUANTIZE}), out_dir=tmp_path,
+                                 infer={"runs": 5})
+    assert ctx.recipe is Recipe.FP32
+    result = run_pipeline(ctx)
+    statuses = _statuses(result.summary)
+    assert statuses["quantize"] == "skipped" and statuses["infer"] == "ran"
+    assert result.summary["accuracy"]["sqnr_db_vs_fp32"] >= 60
+
+
+def test_tiny_cnn_8a8w_then_cached_and_force(tmp_path: Path) -> None:
+    ctx = PipelineContext.create("tiny-cnn", out_dir=tmp_path, infer={"runs": 5})
+    first = run_pipeline(ctx)
+    acc = first.summary["accuracy"]
+    assert acc["sqnr_db_vs_fake_quant"] >= 30  # the .pte computes what fake-quant computes
+    assert acc["sqnr_db_vs_fp32"] >= 15
+    assert all(r.status == "cached" for r in run_pipeline(ctx).records)
+    forced = run_pipeline(PipelineContext.create("tiny-cnn", out_dir=tmp_path, force=True,
+                                                 infer={"runs": 5}))
+    assert all(r.status == "ran" for r in forced.records)
