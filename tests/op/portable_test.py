@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from cases import CASES, Cosine, Metric, OpCase, Sqnr, Tolerance, check, run_case
+from op.cases import CASES, Cosine, Metric, OpCase, Sqnr, Tolerance, check, run_case
 from qnn_common.recipes import Backend, Recipe
 
 FP32: tuple[Metric, ...] = (Sqnr(80.0), Cosine(0.999999), Tolerance(rtol=1e-5, atol=1e-5))

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from cases import CASES, Cosine, Metric, OpCase, Sqnr, Tolerance, check, run_case
+from op.cases import CASES, Cosine, Metric, OpCase, Sqnr, Tolerance, check, run_case
 from qnn_common.recipes import Backend, Recipe
 
 # fp32: XNNPACK reorders float math, so exact equality is not expected; 60 dB is ~0.1 % error.

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import warnings
 from collections.abc import Callable, Sequence
 
 from qnn_common.errors import PipelineError
@@ -19,6 +20,10 @@ def add_logging_args(parser: argparse.ArgumentParser) -> None:
 
 
 def setup_logging(verbose: bool = False, quiet: bool = False) -> None:
+    """Log to stderr; silence one torch deprecation that floods every export / load."""
+    if not verbose:
+        # torch 2.13's own pytree pickling triggers it on every (de)serialization; not ours to fix.
+        warnings.filterwarnings("ignore", message=r".*LeafSpec.*", category=FutureWarning)
     level = logging.DEBUG if verbose else logging.WARNING if quiet else logging.INFO
     logging.basicConfig(
         level=level, format="%(asctime)s %(levelname)-5s %(name)s: %(message)s", datefmt="%H:%M:%S"

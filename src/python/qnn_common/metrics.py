@@ -45,8 +45,12 @@ def _cosine_from_sums(dot: float, ref_sq: float, x_sq: float) -> float:
         return 1.0
     if ref_sq == 0.0 or x_sq == 0.0:
         return 0.0
+    # Norms multiplied separately: ref_sq * x_sq underflows to 0 for tiny (~1e-150) vectors.
+    denom = math.sqrt(ref_sq) * math.sqrt(x_sq)
+    if denom == 0.0:  # both norms deep in the subnormal range: only the sign is left
+        return math.copysign(1.0, dot) if dot else 0.0
     # Rounding can push |dot| a hair past the product of norms; clamp to the valid range.
-    return max(-1.0, min(1.0, dot / math.sqrt(ref_sq * x_sq)))
+    return max(-1.0, min(1.0, dot / denom))
 
 
 def sqnr_db(ref: ArrayLike, x: ArrayLike) -> float:

@@ -28,14 +28,17 @@ _STAGE = Stage.COMPILE
 # Top-level nodes that are plumbing around a delegate, not operators run outside it.
 _DELEGATE_CALL = "executorch_call_delegate"
 
-# How operator names look in upstream error messages: `aten.foo.default`, `aten::foo.out`,
-# `quantized_decomposed.quantize_per_tensor.default`, `torch.ops.mylib.op`, `<mylib::op>`.
-_OP_NAME_RE = re.compile(
-    r"(?:torch\.ops\.)?\b([A-Za-z_][A-Za-z0-9_]*(?:::|\.)[A-Za-z_][A-Za-z0-9_]*"
-    r"(?:\.[A-Za-z_][A-Za-z0-9_]*)?)"
+# How upstream errors spell operators, most specific first; each yields (namespace, name,
+# overload or None): `torch._ops.aten.lgamma.default` / `torch.ops.aten.foo.out`, then
+# `mylib::op` / `aten::mean.dim`, then a bare dotted name in a namespace ops live in.
+_OP_PATTERNS = (
+    re.compile(r"\btorch\._?ops\.(\w+)\.(\w+)(?:\.(\w+))?"),
+    re.compile(r"\b(\w+)::(\w+)(?:\.(\w+))?"),
+    re.compile(
+        r"\b(aten|prims|quantized_decomposed|dim_order_ops|executorch_prim|torchao)"
+        r"\.(\w+)(?:\.(\w+))?"
+    ),
 )
-# Namespaces an operator can live in that are not Python modules which also show up in tracebacks.
-_NOT_OP_PREFIXES = ("torch.", "executorch.", "self.", "os.", "typing.", "builtins.")
 
 
 @dataclass(frozen=True)
@@ -198,7 +201,7 @@ def _stage_error(what: str, exc: BaseException) -> StageError:
 
 
 def _find_op_name(exc: BaseException) -> str | None:
-    """The first operator-looking name in the exception chain's messages, if any."""
+    """The first operator name in the exception chain's messages, if any."""
     seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
@@ -206,13 +209,10 @@ def _find_op_name(exc: BaseException) -> str | None:
         node = getattr(current, "node", None)  # some fx errors carry the node they failed on
         if isinstance(node, torch.fx.Node) and node.op == "call_function":
             return op_name(node.target)
-        for match in _OP_NAME_RE.finditer(str(current)):
-            name = match.group(1).replace("::", ".")
-            if not name.startswith(_NOT_OP_PREFIXES) and not _looks_like_file(name):
-                return name
+        text = str(current)
+        for pattern in _OP_PATTERNS:
+            match = pattern.search(text)
+            if match:
+                return ".".join(part for part in match.groups() if part)
         current = current.__cause__ or current.__context__
     return None
-
-
-def _looks_like_file(name: str) -> bool:
-    return name.rsplit(".", 1)[-1] in {"py", "cpp", "h", "so", "pte", "pt2"}

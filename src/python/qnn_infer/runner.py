@@ -94,7 +94,8 @@ class HostRunner:
 
     Inputs are checked against the method's metadata before execution, so a wrong count, dtype
     or shape is reported as a `ConfigValidationError` naming expected and got instead of a bare
-    runtime status code.
+    runtime status code. `example_inputs`, if given, are checked the same way at construction,
+    so a caller learns before any run that its data cannot fit the program.
 
     With `etdump_path`, event tracing is enabled: every `run` (warmup runs of `measure_latency`
     included) records per-op and per-delegate timings, and `write_etdump` writes them there.
@@ -107,6 +108,7 @@ class HostRunner:
         pte_path: Path,
         *,
         method: str = "forward",
+        example_inputs: Sequence[torch.Tensor] | None = None,
         etdump_path: Path | None = None,
         debug_buffer_size: int = 0,
     ) -> None:
@@ -118,7 +120,6 @@ class HostRunner:
             raise ConfigValidationError(
                 "infer.debug_buffer_size", debug_buffer_size, "must be >= 0"
             )
-        self._debug_buffer_size = debug_buffer_size
 
         _check_pte_header(self.pte_path)
         # The kernels import registers the quantized_decomposed q/dq kernels with the runtime, so
@@ -156,6 +157,9 @@ class HostRunner:
         self.output_specs: tuple[TensorSpec | None, ...] = tuple(
             _tensor_spec(meta.output_tensor_meta, i) for i in range(meta.num_outputs())
         )
+        if example_inputs is not None:
+            # Fail before the (possibly slow) method load when the caller's data cannot fit.
+            self._check_inputs(tuple(example_inputs))
         try:
             self._method: Any = self._program.load_method(method)
         except RuntimeError as exc:
@@ -174,8 +178,8 @@ class HostRunner:
             outputs = self._method.execute(inputs)
         except RuntimeError as exc:
             if "set_inputs" in str(exc):
-                # Passed the checks above but the runtime refused the shape: the dimension is
-                # static in the program, or dynamic with a smaller bound than the metadata shows.
+                # Passed the checks above (which allow any size up to the planned one, as a
+                # dynamic dimension would) but the dimension is static in the program.
                 raise ConfigValidationError(
                     "inputs",
                     _describe_inputs(inputs),
@@ -186,19 +190,26 @@ class HostRunner:
             ) from exc
         return tuple(_as_tensor(o, i) for i, o in enumerate(outputs))
 
-    def write_etdump(self) -> list[Path]:
+    def write_etdump(self, path: Path | None = None) -> list[Path]:
         """Write the events recorded so far (and the debug buffer, if any); return the paths.
+
+        `path` defaults to the constructor's `etdump_path`. Tracing itself must have been enabled
+        by passing `etdump_path` to the constructor: the runtime decides at load time.
 
         Raises:
             PipelineError: event tracing was not enabled (no `etdump_path` given).
         """
         if self.etdump_path is None:
-            raise PipelineError("write_etdump needs a HostRunner created with etdump_path")
-        debug_path = self.etdump_path.with_name(self.etdump_path.name + ".debug")
-        self.etdump_path.parent.mkdir(parents=True, exist_ok=True)
+            raise PipelineError(
+                "write_etdump needs event tracing, which is enabled when the program is loaded: "
+                "create the HostRunner with etdump_path"
+            )
+        target = Path(path) if path is not None else self.etdump_path
+        debug_path = target.with_name(target.name + ".debug")
+        target.parent.mkdir(parents=True, exist_ok=True)
         # Written into a scratch directory beside the target and renamed into place, so a reader
         # never sees a partial file; the runtime writes the debug file only if it has a buffer.
-        with tempfile.TemporaryDirectory(prefix=".etdump.", dir=self.etdump_path.parent) as tmp:
+        with tempfile.TemporaryDirectory(prefix=".etdump.", dir=target.parent) as tmp:
             etdump_tmp = Path(tmp) / "etdump"
             debug_tmp = Path(tmp) / "debug"
             try:
@@ -208,8 +219,8 @@ class HostRunner:
                     f"this executorch runtime recorded no ETDump ({exc}); it needs event "
                     "tracing compiled in (EXECUTORCH_ENABLE_EVENT_TRACER=ON)"
                 ) from exc
-            os.replace(etdump_tmp, self.etdump_path)
-            written = [self.etdump_path]
+            os.replace(etdump_tmp, target)
+            written = [target]
             if debug_tmp.exists():
                 os.replace(debug_tmp, debug_path)
                 written.append(debug_path)
@@ -571,7 +582,9 @@ def _read_output_specs(pte_path: Path) -> tuple[TensorSpec | None, ...]:
 
 def _decode_raw(data: bytes, spec: TensorSpec | None, index: int) -> torch.Tensor:
     if spec is None:
-        raise StageError(_STAGE, f"output {index} is not a tensor; the device runner cannot read it")
+        raise StageError(
+            _STAGE, f"output {index} is not a tensor; the device runner cannot read it"
+        )
     flat = torch.frombuffer(bytearray(data), dtype=spec.dtype) if data else torch.empty(0)
     if flat.numel() == math.prod(spec.shape):
         return flat.reshape(spec.shape)
@@ -634,9 +647,9 @@ def compare_outputs(
         got_np = _to_float64(got)
         results.append(
             {
-                "sqnr_db": float(metrics.sqnr_db(ref_np, got_np)),
-                "cosine": float(metrics.cosine(ref_np, got_np)),
-                "max_abs_error": float(metrics.max_abs_error(ref_np, got_np)),
+                "sqnr_db": metrics.sqnr_db(ref_np, got_np),
+                "cosine": metrics.cosine(ref_np, got_np),
+                "max_abs_error": metrics.max_abs_error(ref_np, got_np),
             }
         )
     return results

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from qnn_common.config import PipelineContext, Stage
+from qnn_common.config import PipelineContext, QuantizeConfig, Stage
 from qnn_common.errors import ArtifactError, ConfigValidationError, PipelineError, StageError
 from qnn_common.manifest import MANIFEST_NAME, Manifest, atomic_write_text, load_manifest
 from qnn_common.stages import (
@@ -71,6 +71,12 @@ def _need(source: Path | None, stage: Stage) -> Path:
     return source
 
 
+def _quantize_config(ctx: PipelineContext) -> QuantizeConfig:
+    if ctx.quantize is None:  # PipelineContext guarantees a config unless quantize is skipped
+        raise ConfigValidationError("pipeline.recipe", ctx.recipe.value, "is not quantized")
+    return ctx.quantize
+
+
 _SPECS: dict[Stage, _StageSpec] = {
     Stage.PREPARE: _StageSpec(
         lambda ctx, src, out: PrepareInput(ctx.prepare, out),
@@ -78,7 +84,7 @@ _SPECS: dict[Stage, _StageSpec] = {
         run_prepare,
     ),
     Stage.QUANTIZE: _StageSpec(
-        lambda ctx, src, out: QuantizeInput(_need(src, Stage.QUANTIZE), ctx.quantize, out),
+        lambda ctx, src, out: QuantizeInput(_need(src, Stage.QUANTIZE), _quantize_config(ctx), out),
         quantize_cache_key,
         run_quantize,
     ),

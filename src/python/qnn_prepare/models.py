@@ -160,7 +160,8 @@ class _TinyCnn(nn.Module):
     def forward(self, image: torch.Tensor) -> torch.Tensor:
         x = self.pool(torch.relu(self.conv1(image)))
         x = self.pool(torch.relu(self.conv2(x)))
-        return self.head(torch.flatten(x, 1))
+        logits: torch.Tensor = self.head(torch.flatten(x, 1))
+        return logits
 
 
 def _padding_mask(attention_mask: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,94 @@
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from qnn_common.metrics import ErrorStats, cosine, max_abs_error, sqnr_db
+
+
+def test_sqnr_of_known_noise() -> None:
+    ref = np.array([3.0, 4.0])  # energy 25
+    x = ref + np.array([0.5, 0.0])  # noise energy 0.25 -> ratio 100 -> 20 dB
+    assert sqnr_db(ref, x) == pytest.approx(20.0)
+
+
+def test_identical_inputs_have_infinite_sqnr_and_unit_cosine() -> None:
+    ref = np.linspace(-1.0, 1.0, 7)
+    assert sqnr_db(ref, ref.copy()) == math.inf
+    assert cosine(ref, ref.copy()) == 1.0
+    assert max_abs_error(ref, ref.copy()) == 0.0
+
+
+def test_zero_vectors() -> None:
+    zeros = np.zeros(5)
+    ones = np.ones(5)
+    assert sqnr_db(zeros, zeros) == math.inf
+    assert sqnr_db(zeros, ones) == -math.inf
+    assert cosine(zeros, zeros) == 1.0
+    assert cosine(zeros, ones) == 0.0
+    assert cosine(ones, zeros) == 0.0
+    assert sqnr_db(ones, zeros) == pytest.approx(0.0)  # all signal lost: noise == signal
+
+
+def test_empty_inputs_behave_like_zeros() -> None:
+    empty = np.zeros(0)
+    assert sqnr_db(empty, empty) == math.inf
+    assert cosine(empty, empty) == 1.0
+    assert max_abs_error(empty, empty) == 0.0
+
+
+def test_shapes_are_flattened_but_sizes_must_agree() -> None:
+    ref = np.arange(6.0).reshape(2, 3)
+    assert cosine(ref, ref.ravel()) == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="size mismatch"):
+        sqnr_db(ref, np.zeros(5))
+
+
+def test_cosine_sign_and_max_abs_error() -> None:
+    ref = np.array([1.0, -2.0, 3.0])
+    assert cosine(ref, -ref) == pytest.approx(-1.0)
+    assert max_abs_error(ref, np.array([1.0, -2.5, 3.25])) == pytest.approx(0.5)
+
+
+def test_accepts_lists_and_float32() -> None:
+    assert sqnr_db([1.0, 2.0], np.array([1.0, 2.0], dtype=np.float32)) == math.inf
+
+
+finite = st.floats(min_value=-1e3, max_value=1e3, allow_nan=False, allow_infinity=False)
+
+
+@settings(deadline=None, max_examples=60)
+@given(
+    ref=hnp.arrays(np.float64, st.integers(1, 40), elements=finite),
+    noise=hnp.arrays(np.float64, 40, elements=finite),
+    splits=st.lists(st.integers(0, 40), max_size=4),
+    scale=st.floats(min_value=0.01, max_value=100.0),
+)
+def test_error_stats_match_functions_on_the_concatenation(
+    ref: np.ndarray, noise: np.ndarray, splits: list[int], scale: float
+) -> None:
+    x = ref + noise[: ref.size] * 1e-2
+    stats = ErrorStats()
+    bounds = sorted({0, ref.size, *(min(s, ref.size) for s in splits)})
+    for lo, hi in zip(bounds, bounds[1:], strict=False):
+        stats.update(ref[lo:hi], x[lo:hi])
+    assert stats.count == ref.size
+    assert stats.max_abs_error == pytest.approx(max_abs_error(ref, x))
+    assert stats.cosine == pytest.approx(cosine(ref, x), abs=1e-9)
+    expected = sqnr_db(ref, x)
+    if math.isinf(expected):
+        assert stats.sqnr_db == expected
+    else:
+        assert stats.sqnr_db == pytest.approx(expected, abs=1e-6)
+    # Properties of the metrics themselves.
+    assert -1.0 <= cosine(ref, x) <= 1.0
+    # SQNR ignores a common scale factor of reference and approximation (checked well above
+    # float64 rounding noise, which scaling itself changes).
+    scaled = sqnr_db(ref * scale, x * scale)
+    if math.isfinite(expected) and expected < 150.0:
+        assert scaled == pytest.approx(expected, abs=1e-6)

@@ -1,0 +1,63 @@
+"""The pipeline CLI's argument handling: flags and TOML merge into one validated context."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from qnn_common.config import PipelineContext, Stage
+from qnn_common.recipes import Backend, Recipe
+from qnn_pipeline.cli import build_parser, context_from_args, main
+
+
+def _ctx(*argv: str) -> PipelineContext:
+    return context_from_args(build_parser().parse_args(list(argv)))
+
+
+def test_defaults_are_xnnpack_8a8w() -> None:
+    ctx = _ctx("--model", "minilm")
+    assert (ctx.backend, ctx.recipe, ctx.soc) == (Backend.XNNPACK, Recipe.A8W8, None)
+    assert ctx.out_dir == Path("out") and ctx.quantize is not None
+
+
+def test_skip_quantize_is_the_fp32_path() -> None:
+    ctx = _ctx("--model", "tiny-cnn", "--skip", "quantize", "--stop-after", "compile")
+    assert ctx.recipe is Recipe.FP32 and ctx.quantize is None
+    assert ctx.stop_after is Stage.COMPILE
+
+
+def test_stage_flags_reach_stage_configs() -> None:
+    ctx = _ctx("--model", "minilm", "--seq-len", "32", "--calibration-samples", "3", "--runs", "7")
+    assert ctx.prepare.seq_len == 32 and ctx.prepare.calibration_samples == 3
+    assert ctx.infer.runs == 7
+
+
+def test_flags_override_the_toml_file(tmp_path: Path) -> None:
+    config = tmp_path / "p.toml"
+    config.write_text('[pipeline]\nmodel = "tiny-cnn"\nrecipe = "fp32"\n[infer]\nruns = 9\n')
+    ctx = _ctx("--config", str(config), "--runs", "2")
+    assert ctx.prepare.model == "tiny-cnn" and ctx.recipe is Recipe.FP32
+    assert ctx.infer.runs == 2
+
+
+def test_qnn_needs_a_soc_and_says_so(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--model", "tiny-cnn", "--backend", "qnn", "--recipe", "fp16"]) == 2
+    assert "SoC" in capsys.readouterr().err
+
+
+def test_unknown_soc_suggests_the_closest(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--model", "x", "--backend", "qnn", "--soc", "SM8655", "--recipe", "16a4w"]) == 2
+    assert "did you mean SM8650" in capsys.readouterr().err
+
+
+def test_list_socs(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--list-socs"]) == 0
+    out = capsys.readouterr().out
+    assert "SM8650" in out and "V75" in out and out.count("\n") == 20
+
+
+def test_help_exits_zero() -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["--help"])
+    assert exc.value.code == 0

@@ -1,0 +1,59 @@
+"""Orchestrator logic that needs no model: where to resume, and the summary contract."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from qnn_common.config import PipelineContext, Stage
+from qnn_common.errors import ArtifactError
+from qnn_common.manifest import write_manifest
+from qnn_pipeline.orchestrator import StageRecord, build_summary, format_summary, start_of
+
+
+def _artifact(path: Path, stage: Stage) -> Path:
+    path.mkdir()
+    (path / "x.bin").write_bytes(b"x")
+    write_manifest(path, stage=stage, package="t", package_version="0", config={}, inputs={},
+                   files=["x.bin"], cache_key="k")
+    return path
+
+
+@pytest.mark.parametrize(
+    ("produced", "resume"),
+    [(Stage.PREPARE, Stage.QUANTIZE), (Stage.QUANTIZE, Stage.COMPILE),
+     (Stage.COMPILE, Stage.INFER)],
+)
+def test_resume_starts_after_the_artifacts_stage(
+    tmp_path: Path, produced: Stage, resume: Stage
+) -> None:
+    assert start_of(_artifact(tmp_path / "a", produced)) is resume
+
+
+def test_resume_from_files_and_refusals(tmp_path: Path) -> None:
+    assert start_of(tmp_path / "m.pt2") is Stage.COMPILE
+    assert start_of(tmp_path / "m.pte") is Stage.INFER
+    with pytest.raises(ArtifactError, match="cannot tell where to resume"):
+        start_of(tmp_path / "m.onnx")
+    with pytest.raises(ArtifactError, match="nothing is left to run"):
+        start_of(_artifact(tmp_path / "i", Stage.INFER))
+    with pytest.raises(ArtifactError, match="manifest.json"):
+        start_of(tmp_path)  # a directory, but not an artifact
+
+
+def test_summary_has_the_documented_keys_even_when_stages_were_skipped() -> None:
+    ctx = PipelineContext.create("tiny-cnn", stop_after=Stage.PREPARE)
+    records = [StageRecord(Stage.PREPARE, "ran", 1.5, Path("out/prepare-x"))] + [
+        StageRecord(s, "skipped") for s in (Stage.QUANTIZE, Stage.COMPILE, Stage.INFER)
+    ]
+    summary = build_summary(ctx, records, {})
+    assert summary["model"] == "tiny-cnn" and summary["soc"] is None
+    assert summary["stages"][0] == {"name": "prepare", "status": "ran", "seconds": 1.5,
+                                    "artifact": "out/prepare-x"}
+    assert set(summary["accuracy"]) >= {"sqnr_db_vs_fp32", "cosine_vs_fp32",
+                                        "sqnr_db_vs_fake_quant"}
+    assert summary["latency_ms"] == {"p50": None, "p90": None}
+    assert summary["pte_bytes"] is None
+    table = format_summary(summary)
+    assert "prepare    ran" in table and "latency p50 - ms" in table

@@ -1,0 +1,255 @@
+"""Calibration samples: the inputs a post-training quantizer observes to pick activation ranges.
+
+Sources, in `make_calibration`:
+
+* a ``.txt`` file: one sample per non-blank line, tokenized exactly like the example inputs
+  (padding to the model's fixed length, truncating longer lines);
+* a ``.pt`` file written by `save_samples` (or by hand): a list whose items are a tensor (one-input
+  models) or a tuple/list of tensors, each matching the example inputs in dtype and shape;
+* nothing: text models with a tokenizer use `BUILTIN_SENTENCES`, real sentences of varied topic,
+  length and form. Random token ids make activations no real input produces (no sentence
+  structure, no [SEP] at the end of the text), so ranges calibrated on them fit real inputs
+  worse. Other models get seeded random inputs: token ids below the vocabulary size with an
+  all-ones attention mask, or standard normal floats.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from qnn_common.errors import ArtifactError, ConfigValidationError
+from qnn_prepare.models import LoadedModel
+
+Sample = tuple[torch.Tensor, ...]
+
+# Varied English: questions, instructions, news, science, dialogue, lists and numbers, short and
+# long, so that calibration sees both mostly-padding and nearly-full sequences.
+BUILTIN_SENTENCES: tuple[str, ...] = (
+    "The quick brown fox jumps over the lazy dog.",
+    "How do I reset my password if I no longer have access to my email?",
+    "Stock markets fell sharply on Monday after the central bank raised interest rates "
+    "by half a percentage point.",
+    "Photosynthesis converts light energy into chemical energy stored in glucose.",
+    "Please turn off the lights and lock the door when you leave.",
+    "She played a Bach partita on the violin at last night's concert.",
+    "Thanks a lot, that was really helpful!",
+    "The recipe calls for 2 cups of flour, 3 eggs, and a pinch of salt.",
+    "Quantization reduces a neural network's memory footprint and speeds up inference on "
+    "mobile phones.",
+    "Is the museum open on public holidays?",
+    "Heavy rain is expected across the northern region this weekend, with possible flooding "
+    "near the river.",
+    "My cat sleeps on the windowsill every afternoon.",
+    "The committee approved the new budget after a long and heated debate.",
+    "Error 404: the page you requested could not be found.",
+    "Electric cars are becoming cheaper, but charging stations remain scarce in rural areas.",
+    "What's the difference between a virus and a bacterium?",
+)
+
+_TXT_SUFFIXES = (".txt",)
+_PT_SUFFIXES = (".pt", ".pth")
+
+
+def make_calibration(
+    model: LoadedModel, *, num_samples: int, source: Path | None, seed: int
+) -> list[Sample]:
+    """`num_samples` inputs for `model`, from `source` (.txt or .pt) or built in (see module doc).
+
+    A .txt file with fewer lines than `num_samples` gives one sample per line; a .pt file must
+    hold at least `num_samples` samples (the first `num_samples` are used).
+    """
+    if num_samples < 1:
+        raise ConfigValidationError(
+            "calibration.num_samples", num_samples, "need at least one sample"
+        )
+    if source is None:
+        if model.tokenizer is not None and model.kind in ("text-encoder", "causal-lm"):
+            return [tokenize_like(model, t) for t in _builtin_texts(num_samples, seed)]
+        return random_samples(model, num_samples=num_samples, seed=seed)
+
+    source = Path(source)
+    field = "calibration.source"
+    if not source.is_file():
+        raise ConfigValidationError(field, str(source), "file does not exist")
+    suffix = source.suffix.lower()
+    if suffix in _TXT_SUFFIXES:
+        if model.tokenizer is None:
+            raise ConfigValidationError(
+                field,
+                str(source),
+                f"a text file needs a tokenizer and model {model.name!r} has none; give a .pt "
+                "file of input tensors instead (see save_samples)",
+            )
+        try:
+            lines = source.read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as err:
+            raise ConfigValidationError(field, str(source), f"cannot read it: {err}") from err
+        texts = [line.strip() for line in lines if line.strip()]
+        if not texts:
+            raise ConfigValidationError(field, str(source), "the file has no non-blank lines")
+        return [tokenize_like(model, t) for t in texts[:num_samples]]
+    if suffix in _PT_SUFFIXES:
+        try:
+            samples = _read_samples(source)
+            problem = check_samples(samples, model.example_inputs)
+        except _SampleFileError as err:
+            raise ConfigValidationError(field, str(source), err.reason) from err
+        if problem is not None:
+            raise ConfigValidationError(field, str(source), problem)
+        if len(samples) < num_samples:
+            raise ConfigValidationError(
+                field,
+                str(source),
+                f"holds {len(samples)} samples but num_samples is {num_samples}; lower "
+                "num_samples or add samples",
+            )
+        return samples[:num_samples]
+    raise ConfigValidationError(
+        field,
+        str(source),
+        "unknown file type",
+        allowed=tuple(f"*{s}" for s in (*_TXT_SUFFIXES, *_PT_SUFFIXES)),
+    )
+
+
+def tokenize_like(model: LoadedModel, text: str) -> Sample:
+    """Tokenize `text` the way the model's example inputs were: fixed length, int64 tensors."""
+    if model.tokenizer is None or model.seq_len is None:
+        raise ConfigValidationError("model", model.name, "has no tokenizer to encode text")
+    enc: Any = model.tokenizer(
+        text,
+        padding="max_length",
+        truncation=True,
+        max_length=model.seq_len,
+        return_tensors="pt",
+    )
+    return tuple(enc[name].to(torch.int64) for name in model.input_names)
+
+
+def random_samples(model: LoadedModel, *, num_samples: int, seed: int) -> list[Sample]:
+    """Seeded random inputs shaped like the example inputs (see module doc for the rules)."""
+    gen = torch.Generator().manual_seed(seed)
+    out: list[Sample] = []
+    for _ in range(num_samples):
+        sample: list[torch.Tensor] = []
+        for name, like in zip(model.input_names, model.example_inputs, strict=True):
+            sample.append(_random_like(name, like, model.vocab_size, gen))
+        out.append(tuple(sample))
+    return out
+
+
+def _random_like(
+    name: str, like: torch.Tensor, vocab_size: int | None, gen: torch.Generator
+) -> torch.Tensor:
+    if like.is_floating_point():
+        return torch.randn(like.shape, generator=gen, dtype=like.dtype)
+    if like.dtype == torch.bool:
+        return torch.randint(0, 2, like.shape, generator=gen).to(torch.bool)
+    if name == "attention_mask":
+        # All ones is always a valid mask; padding-free inputs also exercise every position.
+        return torch.ones_like(like)
+    if vocab_size is not None:
+        low, high = 0, vocab_size
+    else:
+        # Unknown meaning (custom model): stay within the range the example itself uses.
+        low, high = int(like.min()), int(like.max()) + 1
+    return torch.randint(low, high, like.shape, generator=gen, dtype=like.dtype)
+
+
+def _builtin_texts(num_samples: int, seed: int) -> list[str]:
+    """The built-in sentences, then (if more are asked for) seeded pairs of them joined.
+
+    Pairs are longer than any single sentence, so extra samples also cover later positions
+    instead of repeating what was already observed.
+    """
+    texts = list(BUILTIN_SENTENCES[:num_samples])
+    rng = random.Random(seed)
+    while len(texts) < num_samples:
+        a, b = rng.sample(BUILTIN_SENTENCES, 2)
+        texts.append(f"{a} {b}")
+    return texts
+
+
+# --------------------------------------------------------------------------------------------
+# Sample files.
+
+
+class _SampleFileError(Exception):
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def check_samples(samples: Sequence[Sample], like: Sample) -> str | None:
+    """None if every sample matches `like` in arity, dtype and shape, else what is wrong."""
+    for i, sample in enumerate(samples):
+        if len(sample) != len(like):
+            return f"sample {i} has {len(sample)} tensors, the model takes {len(like)}"
+        for j, (got, want) in enumerate(zip(sample, like, strict=True)):
+            if got.dtype != want.dtype:
+                return f"sample {i} input {j}: expected dtype {want.dtype}, got {got.dtype}"
+            if got.shape != want.shape:
+                return (
+                    f"sample {i} input {j}: expected shape {list(want.shape)}, "
+                    f"got {list(got.shape)}"
+                )
+    return None
+
+
+def _read_samples(path: Path) -> list[Sample]:
+    try:
+        data = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # pickle, zip and weights_only errors have no common base
+        raise _SampleFileError(f"cannot load it with torch.load(weights_only=True): {err}") from err
+    if not isinstance(data, list | tuple):
+        raise _SampleFileError(
+            f"expected a list of samples (tensors or tuples of tensors), got {type(data).__name__}"
+        )
+    if not data:
+        raise _SampleFileError("holds no samples")
+    samples: list[Sample] = []
+    for i, item in enumerate(data):
+        tensors = (item,) if isinstance(item, torch.Tensor) else item
+        if not isinstance(tensors, list | tuple) or not all(
+            isinstance(t, torch.Tensor) for t in tensors
+        ):
+            raise _SampleFileError(
+                f"sample {i} is a {type(item).__name__}, not a tensor or tuple of tensors"
+            )
+        samples.append(tuple(tensors))
+    return samples
+
+
+def save_samples(path: Path, samples: Sequence[Sample]) -> None:
+    """Write samples with torch.save as a list of tuples (loadable with weights_only=True)."""
+    path = Path(path)
+    if not samples:
+        raise ArtifactError(path, "refusing to write an empty sample list")
+    for i, sample in enumerate(samples):
+        if not isinstance(sample, tuple) or not all(isinstance(t, torch.Tensor) for t in sample):
+            raise ArtifactError(path, f"sample {i} is not a tuple of tensors")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # Contiguous CPU clones: a view would drag its whole base storage into the file.
+        torch.save([tuple(t.detach().cpu().contiguous().clone() for t in s) for s in samples], path)
+    except OSError as err:
+        raise ArtifactError(path, f"cannot write samples: {err}") from err
+
+
+def load_samples(path: Path, like: Sample | None = None) -> list[Sample]:
+    """Read samples written by `save_samples`; with `like`, check arity, dtypes and shapes."""
+    path = Path(path)
+    if not path.is_file():
+        raise ArtifactError(path, "sample file does not exist")
+    try:
+        samples = _read_samples(path)
+    except _SampleFileError as err:
+        raise ArtifactError(path, err.reason) from err
+    if like is not None and (problem := check_samples(samples, like)) is not None:
+        raise ArtifactError(path, problem)
+    return samples

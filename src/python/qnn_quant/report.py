@@ -1,0 +1,222 @@
+"""How far a quantized program drifts from its fp32 original, overall and layer by layer.
+
+Both programs run eagerly in PyTorch: the quantized one with its quantize/dequantize ops, i.e.
+fake quant, the reference a backend's integer kernels should reproduce. Intermediate outputs are
+captured with torch.fx.Interpreter and matched by nn.Module path, op and order (see
+`_match_layers`), not by node name: re-exporting the converted model renames every node in
+execution order, so a single op a quantizer decomposes shifts the names of everything after it
+(on QNN that paired unrelated tensors at -60 dB). In the quantized graph a
+layer's value is read after its output quantize/dequantize pair when it has one, so the error a
+layer reports includes the rounding of its own output.
+
+Layer errors cover every position of a tensor, including padding positions that the model's
+outputs later ignore: a padded encoder can show worse layer numbers than its final output.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import torch
+from torch.export import ExportedProgram
+
+from qnn_common import metrics
+from qnn_quant.pt2e import module_path
+
+# aten op names (OpOverload._opname) whose outputs are compared: the ops that compute something.
+# Views, copies and dtype casts are left out: their error is that of their input.
+COMPUTE_OPS: frozenset[str] = frozenset(
+    {
+        "linear", "conv1d", "conv2d", "conv3d", "convolution",
+        "conv_transpose1d", "conv_transpose2d", "conv_transpose3d",
+        "matmul", "mm", "bmm", "addmm", "baddbmm", "scaled_dot_product_attention",
+        "add", "sub", "mul", "div", "rsqrt", "sqrt", "pow", "exp", "neg",
+        "layer_norm", "native_layer_norm", "rms_norm", "group_norm", "batch_norm",
+        "_native_batch_norm_legit_no_training",
+        "softmax", "_softmax", "log_softmax", "_log_softmax",
+        "relu", "gelu", "silu", "sigmoid", "tanh", "hardtanh", "hardswish", "leaky_relu",
+        "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d",
+        "mean", "sum", "cat", "embedding", "linalg_vector_norm", "clamp", "clamp_min",
+    }
+)  # fmt: skip
+
+_QUANTIZE_OPS = frozenset({"quantize_per_tensor", "quantize_per_channel", "quantize_affine"})
+_DEQUANTIZE_OPS = frozenset(
+    {"dequantize_per_tensor", "dequantize_per_channel", "dequantize_affine"}
+)
+
+
+def accuracy_report(
+    fp32: ExportedProgram,
+    quantized: ExportedProgram,
+    samples: Sequence[tuple[torch.Tensor, ...]],
+    *,
+    top_k: int = 10,
+) -> dict[str, Any]:
+    """Compare `quantized` with `fp32` on `samples`; a JSON-serializable dict.
+
+    Keys: ``num_samples``; ``outputs``: per output index ``{index, sqnr_db, cosine,
+    max_abs_error}`` over all samples concatenated; ``mean``: ``{sqnr_db, cosine}`` averaged over
+    outputs; ``worst_layers``: the `top_k` lowest-SQNR layers ``{layer, node, op, sqnr_db,
+    cosine}`` (layer = nn.Module path, or the node name if it has none); ``layers_compared``.
+    Infinite SQNRs (no error at all) are written as the string ``"inf"`` (``"-inf"`` for a zero
+    reference), since JSON has no infinity.
+    """
+    if not samples:
+        raise ValueError("accuracy_report needs at least one sample")
+    ref_gm = fp32.module()
+    q_gm = quantized.module()
+    layers = _match_layers(ref_gm, q_gm)
+
+    output_stats: list[metrics.ErrorStats] = []
+    layer_stats = {name: metrics.ErrorStats() for name in layers}
+    with torch.no_grad():
+        for sample in samples:
+            ref_out, ref_vals = _run(ref_gm, sample, {name: name for name in layers})
+            q_out, q_vals = _run(q_gm, sample, {lay.read: name for name, lay in layers.items()})
+            if len(ref_out) != len(q_out):
+                raise ValueError(
+                    f"programs disagree on outputs: {len(ref_out)} vs {len(q_out)} tensors"
+                )
+            if not output_stats:
+                output_stats = [metrics.ErrorStats() for _ in ref_out]
+            for stats, r, q in zip(output_stats, ref_out, q_out, strict=True):
+                stats.update(_np(r), _np(q))
+            for name, stats in layer_stats.items():
+                ref_val, q_val = ref_vals.get(name), q_vals.get(name)
+                if ref_val is not None and q_val is not None and ref_val.shape == q_val.shape:
+                    stats.update(_np(ref_val), _np(q_val))
+
+    outputs = [
+        {
+            "index": i,
+            "sqnr_db": _json_float(s.sqnr_db),
+            "cosine": s.cosine,
+            "max_abs_error": s.max_abs_error,
+        }
+        for i, s in enumerate(output_stats)
+    ]
+    compared = [(name, s) for name, s in layer_stats.items() if s.count > 0]
+    compared.sort(key=lambda item: item[1].sqnr_db)
+    worst = [
+        {
+            "layer": layers[name].path or name,
+            "node": name,
+            "op": layers[name].op,
+            "sqnr_db": _json_float(s.sqnr_db),
+            "cosine": s.cosine,
+        }
+        for name, s in compared[: max(top_k, 0)]
+    ]
+    return {
+        "num_samples": len(samples),
+        "outputs": outputs,
+        "mean": {
+            "sqnr_db": _json_float(_mean([s.sqnr_db for s in output_stats])),
+            "cosine": _mean([s.cosine for s in output_stats]),
+        },
+        "worst_layers": worst,
+        "layers_compared": len(compared),
+    }
+
+
+def _np(t: torch.Tensor) -> Any:
+    return t.detach().to(torch.float64).cpu().numpy()
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else math.nan
+
+
+def _json_float(x: float) -> float | str:
+    if math.isinf(x):
+        return "inf" if x > 0 else "-inf"
+    return x
+
+
+def _opname(node: torch.fx.Node) -> str | None:
+    if node.op != "call_function":
+        return None
+    name = getattr(node.target, "_opname", None)
+    return name if isinstance(name, str) else None
+
+
+def _after_output_qdq(node: torch.fx.Node) -> torch.fx.Node:
+    """The dequantize node fed by this node's own quantize node, else the node itself."""
+    if len(node.users) != 1:
+        return node
+    (q,) = node.users
+    if _opname(q) not in _QUANTIZE_OPS:
+        return node
+    for dq in q.users:
+        if _opname(dq) in _DEQUANTIZE_OPS:
+            return dq
+    return node
+
+
+class _Layer(NamedTuple):
+    read: str  # node of the quantized graph whose value is compared
+    path: str | None  # nn.Module path
+    op: str  # aten op name
+
+
+def _compute_nodes(gm: torch.fx.GraphModule) -> dict[tuple[str, str], list[torch.fx.Node]]:
+    """Compute nodes with a float output, grouped by (module path, op), in graph order."""
+    groups: dict[tuple[str, str], list[torch.fx.Node]] = {}
+    for node in gm.graph.nodes:
+        op = _opname(node)
+        if op is None or op not in COMPUTE_OPS:
+            continue
+        val = node.meta.get("val")
+        if not isinstance(val, torch.Tensor) or not val.dtype.is_floating_point:
+            continue
+        groups.setdefault((module_path(node) or "", op), []).append(node)
+    return groups
+
+
+def _match_layers(ref_gm: torch.fx.GraphModule, q_gm: torch.fx.GraphModule) -> dict[str, _Layer]:
+    """fp32 node name -> what to compare it with, for every comparable layer.
+
+    Nodes pair up by (module path, op, position among that module's ops of that kind), and only
+    where both graphs hold the same number of such ops: a module whose ops a quantizer rewrote
+    (QNN decomposes scaled_dot_product_attention into matmul/add/softmax, for one) is skipped
+    rather than compared against the wrong tensor.
+    """
+    q_groups = _compute_nodes(q_gm)
+    layers: dict[str, _Layer] = {}
+    for key, ref_nodes in _compute_nodes(ref_gm).items():
+        q_nodes = q_groups.get(key, [])
+        if len(q_nodes) != len(ref_nodes):
+            continue
+        path, op = key
+        for ref_node, q_node in zip(ref_nodes, q_nodes, strict=True):
+            layers[ref_node.name] = _Layer(_after_output_qdq(q_node).name, path or None, op)
+    return layers
+
+
+class _Capture(torch.fx.Interpreter):
+    """Runs a graph, keeping the outputs of the named nodes (under the names they map to)."""
+
+    def __init__(self, gm: torch.fx.GraphModule, wanted: dict[str, str]) -> None:
+        super().__init__(gm)
+        self.wanted = wanted
+        self.values: dict[str, torch.Tensor] = {}
+
+    def run_node(self, n: torch.fx.Node) -> Any:
+        result = super().run_node(n)
+        key = self.wanted.get(n.name)
+        if key is not None and isinstance(result, torch.Tensor):
+            self.values[key] = result.detach()
+        return result
+
+
+def _run(
+    gm: torch.fx.GraphModule, sample: tuple[torch.Tensor, ...], wanted: dict[str, str]
+) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
+    interp = _Capture(gm, wanted)
+    # .module() graphs take their inputs flattened, in order.
+    out = interp.run(*sample)
+    leaves = [t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+    return leaves, interp.values
