@@ -92,10 +92,11 @@ def jobs_for(tests: list[Target], all_tests: list[Target]) -> list[Job]:
     target lacks its tag) still gets a job: the category minus all known shard tags.
     """
     jobs: list[Job] = []
-    for category in (*CATEGORIES, UNCATEGORIZED):
+    # No job for UNCATEGORIZED: nothing can select tests by a missing tag; --strict reports them.
+    for category in CATEGORIES:
         in_category = [t for t in tests if t.category == category]
-        if not in_category or category == UNCATEGORIZED:
-            continue  # No CI job can select untagged tests; --strict reports them.
+        if not in_category:
+            continue
         if category not in SHARD_TAG_PREFIX:
             jobs.append(Job(category, f"--tag={category}", len(in_category)))
             continue
@@ -123,6 +124,7 @@ class Report:
     tests_all: dict[str, list[str]]
     tests_affected: dict[str, list[str]]
     jobs: tuple[Job, ...]
+    targets_affected: int
 
     @property
     def total(self) -> int:
@@ -140,6 +142,7 @@ class Report:
             "global_changes": list(self.global_changes),
             "run_all": self.run_all,
             "pants_specs": list(self.pants_specs),
+            "targets_affected": self.targets_affected,
             "packages": {
                 "affected": list(self.packages_affected),
                 "all": list(self.packages_all),
@@ -253,6 +256,7 @@ def build_report(base: str | None) -> Report:
         tests_all=grouped(tests),
         tests_affected=grouped(affected_tests),
         jobs=tuple(jobs_for(affected_tests, tests)),
+        targets_affected=len(affected),
     )
 
 
@@ -317,7 +321,9 @@ def write_github_output(report: Report, path: Path) -> None:
         out.write(f"categories={json.dumps(data['categories'])}\n")
         out.write(f"run_all={'true' if report.run_all else 'false'}\n")
         out.write(f"tests={report.affected_count}\n")
+        out.write(f"targets={report.targets_affected}\n")
         out.write(f"jobs={json.dumps(data['jobs'])}\n")
+        out.write(f"packages={json.dumps(data['packages']['all'])}\n")
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -337,7 +343,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         "--github-output",
         type=Path,
         metavar="FILE",
-        help="also append specs=, categories=, run_all=, tests=, jobs= lines (for $GITHUB_OUTPUT)",
+        help="also append key=value lines for CI to FILE ($GITHUB_OUTPUT): specs, categories, "
+        "run_all, tests, targets, jobs, packages",
     )
     parser.add_argument(
         "--strict",

@@ -46,9 +46,8 @@ def test_minilm_8a8w_embeddings_match_fp32(minilm_8a8w: tuple[Path, dict[str, ob
     assert _statuses(summary) == {s.value: "ran" for s in Stage}
     accuracy = summary["accuracy"]
     assert isinstance(accuracy, dict)
-    assert accuracy["cosine_vs_fp32"] >= 0.98
-    # The .pte must agree with the fake-quantized PyTorch model far better than with fp32.
-    assert accuracy["sqnr_db_vs_fake_quant"] > accuracy["sqnr_db_vs_fp32"]
+    assert float(accuracy["cosine_vs_fp32"]) >= 0.98
+    assert float(accuracy["sqnr_db_vs_fake_quant"]) >= 15
     latency = summary["latency_ms"]
     assert isinstance(latency, dict) and 0 < latency["p50"] <= latency["p90"]
     pte_bytes = summary["pte_bytes"]
@@ -77,15 +76,16 @@ def test_tiny_cnn_fp32_path_is_exact(tmp_path: Path) -> None:
     result = run_pipeline(ctx)
     statuses = _statuses(result.summary)
     assert statuses["quantize"] == "skipped" and statuses["infer"] == "ran"
-    assert result.summary["accuracy"]["sqnr_db_vs_fp32"] >= 60
+    assert float(result.summary["accuracy"]["sqnr_db_vs_fp32"]) >= 60
 
 
 def test_tiny_cnn_8a8w_then_cached_and_force(tmp_path: Path) -> None:
     ctx = PipelineContext.create("tiny-cnn", out_dir=tmp_path, infer={"runs": 5})
     first = run_pipeline(ctx)
     acc = first.summary["accuracy"]
-    assert acc["sqnr_db_vs_fake_quant"] >= 30  # the .pte computes what fake-quant computes
-    assert acc["sqnr_db_vs_fp32"] >= 15
+    # The .pte computes what fake-quant computes; both are close to fp32.
+    assert float(acc["sqnr_db_vs_fake_quant"]) >= 30
+    assert float(acc["sqnr_db_vs_fp32"]) >= 25
     assert all(r.status == "cached" for r in run_pipeline(ctx).records)
     forced = run_pipeline(PipelineContext.create("tiny-cnn", out_dir=tmp_path, force=True,
                                                  infer={"runs": 5}))

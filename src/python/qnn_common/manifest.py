@@ -13,6 +13,7 @@ import contextlib
 import hashlib
 import importlib.metadata
 import json
+import math
 import os
 import platform
 import shutil
@@ -158,8 +159,9 @@ def to_jsonable(value: Any) -> Any:
         return sorted(to_jsonable(v) for v in value)
     if isinstance(value, list | tuple):
         return [to_jsonable(v) for v in value]
-    if isinstance(value, float) and value != value:  # NaN is not JSON
-        return None
+    if isinstance(value, float) and not math.isfinite(value):
+        # Strict JSON has no inf / nan; float("inf") reads these strings back.
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
     return value
 
 

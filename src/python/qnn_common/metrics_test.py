@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -75,7 +76,7 @@ def test_error_stats_match_functions_on_the_concatenation(
     x = ref + noise[: ref.size] * 1e-2
     stats = ErrorStats()
     bounds = sorted({0, ref.size, *(min(s, ref.size) for s in splits)})
-    for lo, hi in zip(bounds, bounds[1:], strict=False):
+    for lo, hi in itertools.pairwise(bounds):
         stats.update(ref[lo:hi], x[lo:hi])
     assert stats.count == ref.size
     assert stats.max_abs_error == pytest.approx(max_abs_error(ref, x))

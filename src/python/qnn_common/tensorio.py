@@ -11,71 +11,84 @@ from pathlib import Path
 
 import torch
 
-from qnn_common.errors import ArtifactError, ConfigValidationError
+from qnn_common.errors import ArtifactError
 from qnn_common.manifest import atomic_save
 
 Sample = tuple[torch.Tensor, ...]
 
 
 def save_samples(path: Path, samples: Sequence[Sample]) -> None:
-    """Save a list of input (or output) tuples atomically."""
-    atomic_save(path, lambda tmp: torch.save([tuple(s) for s in samples], tmp))
+    """Save a non-empty list of input (or output) tuples atomically (weights_only-loadable)."""
+    if not samples:
+        raise ArtifactError(path, "refusing to write an empty sample list")
+    for i, sample in enumerate(samples):
+        if not isinstance(sample, tuple) or not all(isinstance(t, torch.Tensor) for t in sample):
+            raise ArtifactError(path, f"sample {i} is not a tuple of tensors")
+    # Contiguous CPU clones: a view would drag its whole base storage into the file.
+    data = [tuple(t.detach().cpu().contiguous().clone() for t in s) for s in samples]
+    atomic_save(path, lambda tmp: torch.save(data, tmp))
 
 
 def load_samples(path: Path, *, like: Sample | None = None) -> list[Sample]:
     """Load samples saved by `save_samples`, or a user file of the same shape.
 
     Accepted forms: one tensor (one single-input sample), a tuple of tensors (one sample), or a
-    list of either. With `like`, every sample must match its count, dtypes and shapes.
+    list of either. With `like`, every sample must match its count, dtypes and shapes. Anything
+    else raises ArtifactError naming the file, the sample and what was expected.
     """
+    if not path.is_file():
+        raise ArtifactError(path, "does not exist")
     try:
         data = torch.load(path, weights_only=True, map_location="cpu")
-    except FileNotFoundError:
-        raise ArtifactError(path, "does not exist") from None
-    except Exception as err:  # torch raises many types for foreign or corrupt files
+    except Exception as err:  # pickle, zip and weights_only errors share no base class
         raise ArtifactError(
             path, f"cannot be read as a tensor file with torch.load(weights_only=True): {err}"
         ) from None
     samples = _normalize(path, data)
-    if like is not None:
-        for i, sample in enumerate(samples):
-            check_sample(sample, like, f"{path} sample {i}")
+    if like is not None and (problem := sample_mismatch(samples, like)) is not None:
+        raise ArtifactError(path, f"{problem}; regenerate the file with the model's input shapes")
     return samples
 
 
 def _normalize(path: Path, data: object) -> list[Sample]:
     if isinstance(data, torch.Tensor):
         return [(data,)]
-    if isinstance(data, tuple) and all(isinstance(t, torch.Tensor) for t in data):
+    if isinstance(data, tuple) and data and all(isinstance(t, torch.Tensor) for t in data):
         return [data]
-    if isinstance(data, list) and data:
-        out: list[Sample] = []
-        for i, item in enumerate(data):
-            if isinstance(item, torch.Tensor):
-                out.append((item,))
-            elif isinstance(item, tuple | list) and all(isinstance(t, torch.Tensor) for t in item):
-                out.append(tuple(item))
-            else:
-                raise ArtifactError(path, f"item {i} is {type(item).__name__}, not tensors")
-        return out
-    raise ArtifactError(
-        path, "expected a tensor, a tuple of tensors, or a non-empty list of those"
-    )
-
-
-def check_sample(sample: Sample, like: Sample, where: str) -> None:
-    """Raise ConfigValidationError unless `sample` matches `like` in count, dtype and shape."""
-    if len(sample) != len(like):
-        raise ConfigValidationError(
-            where, f"{len(sample)} tensors", f"the model takes {len(like)} inputs"
+    if not isinstance(data, list):
+        raise ArtifactError(
+            path,
+            f"expected a tensor, a tuple of tensors, or a list of those; got {type(data).__name__}",
         )
-    for j, (got, want) in enumerate(zip(sample, like, strict=True)):
-        if got.dtype != want.dtype or tuple(got.shape) != tuple(want.shape):
-            raise ConfigValidationError(
-                f"{where} input {j}",
-                f"{got.dtype} {list(got.shape)}",
-                f"expected {want.dtype} {list(want.shape)}; regenerate the file with those shapes",
+    if not data:
+        raise ArtifactError(path, "holds no samples")
+    out: list[Sample] = []
+    for i, item in enumerate(data):
+        tensors = (item,) if isinstance(item, torch.Tensor) else item
+        if not isinstance(tensors, tuple | list) or not all(
+            isinstance(t, torch.Tensor) for t in tensors
+        ):
+            raise ArtifactError(
+                path, f"sample {i} is a {type(item).__name__}, not a tensor or tuple of tensors"
             )
+        out.append(tuple(tensors))
+    return out
+
+
+def sample_mismatch(samples: Sequence[Sample], like: Sample) -> str | None:
+    """None if every sample matches `like` in count, dtype and shape, else what is wrong."""
+    for i, sample in enumerate(samples):
+        if len(sample) != len(like):
+            return f"sample {i} has {len(sample)} tensors, the model takes {len(like)}"
+        for j, (got, want) in enumerate(zip(sample, like, strict=True)):
+            if got.dtype != want.dtype:
+                return f"sample {i} input {j}: expected dtype {want.dtype}, got {got.dtype}"
+            if got.shape != want.shape:
+                return (
+                    f"sample {i} input {j}: expected shape {list(want.shape)}, "
+                    f"got {list(got.shape)}"
+                )
+    return None
 
 
 def save_program(path: Path, program: torch.export.ExportedProgram) -> None:

@@ -197,7 +197,7 @@ def build_summary(
             "sqnr_db_vs_fp32": metric(Stage.INFER, "accuracy", "vs_fp32", "sqnr_db"),
             "cosine_vs_fp32": metric(Stage.INFER, "accuracy", "vs_fp32", "cosine"),
             "sqnr_db_vs_fake_quant": metric(Stage.INFER, "accuracy", "vs_fake_quant", "sqnr_db"),
-            "fake_quant_sqnr_db_vs_fp32": metric(Stage.QUANTIZE, "accuracy", "sqnr_db"),
+            "fake_quant_sqnr_db_vs_fp32": metric(Stage.QUANTIZE, "accuracy", "mean", "sqnr_db"),
         },
         "worst_layers": (metric(Stage.QUANTIZE, "accuracy", "worst_layers") or [])[:3],
         "latency_ms": {
@@ -220,7 +220,9 @@ def format_summary(summary: dict[str, Any]) -> str:
     acc, lat = summary["accuracy"], summary["latency_ms"]
 
     def num(value: Any, fmt: str) -> str:
-        return "-" if value is None else format(value, fmt)
+        if value is None:
+            return "-"
+        return value if isinstance(value, str) else format(value, fmt)  # "inf" stays "inf"
 
     lines.append("")
     lines.append(

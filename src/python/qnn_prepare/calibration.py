@@ -16,16 +16,14 @@ Sources, in `make_calibration`:
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from qnn_common.errors import ArtifactError, ConfigValidationError
+from qnn_common.tensorio import Sample, load_samples
 from qnn_prepare.models import LoadedModel
-
-Sample = tuple[torch.Tensor, ...]
 
 # Varied English: questions, instructions, news, science, dialogue, lists and numbers, short and
 # long, so that calibration sees both mostly-padding and nearly-full sequences.
@@ -95,12 +93,9 @@ def make_calibration(
         return [tokenize_like(model, t) for t in texts[:num_samples]]
     if suffix in _PT_SUFFIXES:
         try:
-            samples = _read_samples(source)
-            problem = check_samples(samples, model.example_inputs)
-        except _SampleFileError as err:
-            raise ConfigValidationError(field, str(source), err.reason) from err
-        if problem is not None:
-            raise ConfigValidationError(field, str(source), problem)
+            samples = load_samples(source, like=model.example_inputs)
+        except ArtifactError as err:
+            raise ConfigValidationError(field, str(source), err.reason) from None
         if len(samples) < num_samples:
             raise ConfigValidationError(
                 field,
@@ -173,83 +168,3 @@ def _builtin_texts(num_samples: int, seed: int) -> list[str]:
         a, b = rng.sample(BUILTIN_SENTENCES, 2)
         texts.append(f"{a} {b}")
     return texts
-
-
-# --------------------------------------------------------------------------------------------
-# Sample files.
-
-
-class _SampleFileError(Exception):
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
-
-
-def check_samples(samples: Sequence[Sample], like: Sample) -> str | None:
-    """None if every sample matches `like` in arity, dtype and shape, else what is wrong."""
-    for i, sample in enumerate(samples):
-        if len(sample) != len(like):
-            return f"sample {i} has {len(sample)} tensors, the model takes {len(like)}"
-        for j, (got, want) in enumerate(zip(sample, like, strict=True)):
-            if got.dtype != want.dtype:
-                return f"sample {i} input {j}: expected dtype {want.dtype}, got {got.dtype}"
-            if got.shape != want.shape:
-                return (
-                    f"sample {i} input {j}: expected shape {list(want.shape)}, "
-                    f"got {list(got.shape)}"
-                )
-    return None
-
-
-def _read_samples(path: Path) -> list[Sample]:
-    try:
-        data = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # pickle, zip and weights_only errors have no common base
-        raise _SampleFileError(f"cannot load it with torch.load(weights_only=True): {err}") from err
-    if not isinstance(data, list | tuple):
-        raise _SampleFileError(
-            f"expected a list of samples (tensors or tuples of tensors), got {type(data).__name__}"
-        )
-    if not data:
-        raise _SampleFileError("holds no samples")
-    samples: list[Sample] = []
-    for i, item in enumerate(data):
-        tensors = (item,) if isinstance(item, torch.Tensor) else item
-        if not isinstance(tensors, list | tuple) or not all(
-            isinstance(t, torch.Tensor) for t in tensors
-        ):
-            raise _SampleFileError(
-                f"sample {i} is a {type(item).__name__}, not a tensor or tuple of tensors"
-            )
-        samples.append(tuple(tensors))
-    return samples
-
-
-def save_samples(path: Path, samples: Sequence[Sample]) -> None:
-    """Write samples with torch.save as a list of tuples (loadable with weights_only=True)."""
-    path = Path(path)
-    if not samples:
-        raise ArtifactError(path, "refusing to write an empty sample list")
-    for i, sample in enumerate(samples):
-        if not isinstance(sample, tuple) or not all(isinstance(t, torch.Tensor) for t in sample):
-            raise ArtifactError(path, f"sample {i} is not a tuple of tensors")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        # Contiguous CPU clones: a view would drag its whole base storage into the file.
-        torch.save([tuple(t.detach().cpu().contiguous().clone() for t in s) for s in samples], path)
-    except OSError as err:
-        raise ArtifactError(path, f"cannot write samples: {err}") from err
-
-
-def load_samples(path: Path, like: Sample | None = None) -> list[Sample]:
-    """Read samples written by `save_samples`; with `like`, check arity, dtypes and shapes."""
-    path = Path(path)
-    if not path.is_file():
-        raise ArtifactError(path, "sample file does not exist")
-    try:
-        samples = _read_samples(path)
-    except _SampleFileError as err:
-        raise ArtifactError(path, err.reason) from err
-    if like is not None and (problem := check_samples(samples, like)) is not None:
-        raise ArtifactError(path, problem)
-    return samples

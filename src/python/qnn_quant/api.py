@@ -63,6 +63,7 @@ def run_quantize(inp: QuantizeInput) -> QuantizeOutput:
         recipe=cfg.recipe,
         calibration=calibration,
         per_channel=cfg.per_channel,
+        soc=cfg.soc_info,
     )
     timings["quantize_s"] = time.perf_counter() - t
     log.info("quantized to %s for %s in %.1f s", cfg.recipe, cfg.backend, timings["quantize_s"])

@@ -80,6 +80,8 @@ def test_tiny_cnn_xnnpack_saves_loads_and_lowers(
     assert "quantized_decomposed.dequantize_per_channel.default" in targets  # per-channel weights
 
     test = random_samples(model, num_samples=4, seed=99)
+    with torch.no_grad():  # the input program is left as it was
+        torch.testing.assert_close(_run(ep, test[0]), model.module(*test[0]))
     ref = torch.cat([_run(ep, x) for x in test]).numpy()
     fake = torch.cat([_run(quantized, x) for x in test]).numpy()
     assert sqnr_db(ref, fake) > 25.0
@@ -106,22 +108,23 @@ def test_tiny_cnn_xnnpack_saves_loads_and_lowers(
 
 
 def test_minilm_xnnpack_embeddings_stay_close_to_fp32() -> None:
+    # Default keep_float: the FFN down projections (OUTLIER_LAYERS) stay in float.
     model = load_model("minilm", seq_len=32)
     ep = export_program(model)
-    calibration = make_calibration(model, num_samples=16, source=None, seed=1126)
+    calibration = make_calibration(model, num_samples=8, source=None, seed=1126)
     quantized = quantize_program(
         ep,
         backend=Backend.XNNPACK,
         recipe=Recipe.A8W8,
         calibration=calibration,
-        keep_float=model.float_modules,
         progress=False,
     )
     cosines = []
     for text in HELD_OUT:
         sample = tokenize_like(model, text)
         cosines.append(cosine(_run(ep, sample).numpy(), _run(quantized, sample).numpy()))
-    # Measured: mean 0.993, worst sentence 0.975 (seq_len 32).
+    # Measured: mean 0.993, worst sentence 0.978 (seq_len 32, 8 calibration sentences); with
+    # the FFN down projections quantized too: mean 0.936, worst 0.851.
     assert sum(cosines) / len(cosines) >= 0.98, cosines
     assert min(cosines) >= 0.95, cosines
 
@@ -157,9 +160,7 @@ def test_scalar_workaround_lets_default_hf_masks_calibrate(
 ) -> None:
     model, _ = tiny_llama
     assert isinstance(model.module, _CausalLm)
-    ep = torch.export.export(
-        _DefaultMaskLm(model.module.hf), model.example_inputs, strict=False
-    )
+    ep = torch.export.export(_DefaultMaskLm(model.module.hf), model.example_inputs, strict=False)
     integer_adds = [
         n
         for n in ep.graph.nodes

@@ -115,7 +115,7 @@ def accuracy_report(
         "outputs": outputs,
         "mean": {
             "sqnr_db": _json_float(_mean([s.sqnr_db for s in output_stats])),
-            "cosine": _mean([s.cosine for s in output_stats]),
+            "cosine": _json_float(_mean([s.cosine for s in output_stats])),
         },
         "worst_layers": worst,
         "layers_compared": len(compared),
@@ -131,8 +131,11 @@ def _mean(values: list[float]) -> float:
 
 
 def _json_float(x: float) -> float | str:
+    """x, or its name for the values strict JSON cannot hold."""
     if math.isinf(x):
         return "inf" if x > 0 else "-inf"
+    if math.isnan(x):
+        return "nan"
     return x
 
 

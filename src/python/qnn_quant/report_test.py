@@ -1,0 +1,115 @@
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from qnn_common.metrics import cosine, sqnr_db
+from qnn_common.recipes import Backend, Recipe
+from qnn_prepare.calibration import make_calibration, random_samples
+from qnn_prepare.models import LoadedModel, export_program, load_model
+from qnn_quant.pt2e import quantize_program
+from qnn_quant.report import accuracy_report
+
+
+def _save_tiny_llama(directory: Path, seed: int = 1126) -> Path:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=256,
+        max_position_embeddings=64,
+    )
+    LlamaForCausalLM(config).save_pretrained(directory)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def cnn_pair() -> tuple[LoadedModel, torch.export.ExportedProgram, torch.export.ExportedProgram]:
+    model = load_model("tiny-cnn")
+    ep = export_program(model)
+    calibration = make_calibration(model, num_samples=4, source=None, seed=1126)
+    quantized = quantize_program(
+        ep, backend=Backend.XNNPACK, recipe=Recipe.A8W8, calibration=calibration, progress=False
+    )
+    return model, ep, quantized
+
+
+def test_report_shape_and_numbers(
+    cnn_pair: tuple[LoadedModel, torch.export.ExportedProgram, torch.export.ExportedProgram],
+) -> None:
+    model, ep, quantized = cnn_pair
+    samples = random_samples(model, num_samples=3, seed=11)
+    report = accuracy_report(ep, quantized, samples, top_k=3)
+    json.dumps(report, allow_nan=False)  # strictly JSON-serializable
+
+    assert report["num_samples"] == 3
+    (out,) = report["outputs"]
+    with torch.no_grad():
+        ref = np.concatenate([ep.module()(*s).numpy() for s in samples])
+        fake = np.concatenate([quantized.module()(*s).numpy() for s in samples])
+    assert out["index"] == 0
+    assert out["sqnr_db"] == pytest.approx(sqnr_db(ref, fake))
+    assert out["cosine"] == pytest.approx(cosine(ref, fake))
+    assert out["max_abs_error"] == pytest.approx(float(np.abs(ref - fake).max()), rel=1e-5)
+    assert report["mean"]["sqnr_db"] == pytest.approx(out["sqnr_db"])
+
+    worst = report["worst_layers"]
+    assert len(worst) == 3
+    assert [w["sqnr_db"] for w in worst] == sorted(w["sqnr_db"] for w in worst)
+    assert {w["layer"] for w in worst} <= {"conv1", "conv2", "pool", "head", "relu", "relu_1"}
+    assert all(w["op"] in {"conv2d", "relu", "max_pool2d", "linear"} for w in worst)
+    assert all(0.9 < w["cosine"] <= 1.0 for w in worst)
+    assert report["layers_compared"] == 7  # 2 conv, 2 relu, 2 pool, 1 linear
+
+
+def test_identical_programs_report_infinite_sqnr(
+    cnn_pair: tuple[LoadedModel, torch.export.ExportedProgram, torch.export.ExportedProgram],
+) -> None:
+    model, ep, _ = cnn_pair
+    report = accuracy_report(ep, ep, [model.example_inputs], top_k=100)
+    json.dumps(report, allow_nan=False)
+    assert report["outputs"][0]["sqnr_db"] == "inf"
+    assert report["outputs"][0]["cosine"] == pytest.approx(1.0)
+    assert report["outputs"][0]["max_abs_error"] == 0.0
+    assert len(report["worst_layers"]) == report["layers_compared"] == 7
+    assert all(w["sqnr_db"] == "inf" for w in report["worst_layers"])
+
+
+def test_top_k_and_empty_samples(
+    cnn_pair: tuple[LoadedModel, torch.export.ExportedProgram, torch.export.ExportedProgram],
+) -> None:
+    model, ep, quantized = cnn_pair
+    assert accuracy_report(ep, quantized, [model.example_inputs], top_k=0)["worst_layers"] == []
+    with pytest.raises(ValueError, match="at least one sample"):
+        accuracy_report(ep, quantized, [])
+
+
+def test_layers_match_across_qnn_decompositions(tmp_path: Path) -> None:
+    # QNN's quantizer decomposes scaled_dot_product_attention, and the re-export renames every
+    # later node; layers must still pair with their true counterparts.
+    model = load_model(str(_save_tiny_llama(tmp_path / "llama")), seq_len=16)
+    ep = export_program(model)
+    calibration = make_calibration(model, num_samples=2, source=None, seed=1126)
+    quantized = quantize_program(
+        ep, backend=Backend.QNN, recipe=Recipe.A16W8, calibration=calibration, progress=False
+    )
+    report = accuracy_report(ep, quantized, calibration, top_k=1000)
+    json.dumps(report, allow_nan=False)
+    layers = report["worst_layers"]
+    assert report["layers_compared"] == len(layers) > 20
+    assert all(isinstance(w["sqnr_db"], float) and w["sqnr_db"] > 10.0 for w in layers)
+    names = {w["layer"] for w in layers}
+    assert "hf.model.layers.0.self_attn.q_proj" in names
+    assert "hf.lm_head" in names
+    assert "scaled_dot_product_attention" not in {w["op"] for w in layers}
+    assert not math.isnan(report["mean"]["cosine"])
