@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -21,14 +22,14 @@ SUMMARY_KEYS = {"model", "backend", "recipe", "soc", "stages", "accuracy", "late
                 "pte_bytes"}
 
 
-def _statuses(summary: dict[str, object]) -> dict[str, str]:
+def _statuses(summary: dict[str, Any]) -> dict[str, str]:
     stages = summary["stages"]
     assert isinstance(stages, list)
     return {s["name"]: s["status"] for s in stages}
 
 
 @pytest.fixture(scope="module")
-def minilm_8a8w(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, object]]:
+def minilm_8a8w(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
     out = tmp_path_factory.mktemp("minilm")
     code = pipeline_main(
         ["--model", "minilm", "--out", str(out), "--seq-len", "64",
@@ -38,7 +39,7 @@ def minilm_8a8w(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[st
     return out, json.loads((out / "summary.json").read_text())
 
 
-def test_minilm_8a8w_embeddings_match_fp32(minilm_8a8w: tuple[Path, dict[str, object]]) -> None:
+def test_minilm_8a8w_embeddings_match_fp32(minilm_8a8w: tuple[Path, dict[str, Any]]) -> None:
     out, summary = minilm_8a8w
     assert summary.keys() >= SUMMARY_KEYS
     assert summary["backend"] == "xnnpack" and summary["recipe"] == "8a8w"
@@ -52,12 +53,12 @@ def test_minilm_8a8w_embeddings_match_fp32(minilm_8a8w: tuple[Path, dict[str, ob
     assert isinstance(latency, dict) and 0 < latency["p50"] <= latency["p90"]
     pte_bytes = summary["pte_bytes"]
     assert isinstance(pte_bytes, int) and pte_bytes > 1_000_000  # int8 weights of 22M params
-    for stage in summary["stages"]:  # type: ignore[attr-defined]
+    for stage in summary["stages"]:
         manifest = load_manifest(Path(stage["artifact"]), expect_stage=stage["name"])
         assert manifest.tools["executorch"] != "not installed"
 
 
-def test_minilm_second_run_is_fully_cached(minilm_8a8w: tuple[Path, dict[str, object]]) -> None:
+def test_minilm_second_run_is_fully_cached(minilm_8a8w: tuple[Path, dict[str, Any]]) -> None:
     out, first = minilm_8a8w
     code = pipeline_main(
         ["--model", "minilm", "--out", str(out), "--seq-len", "64",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -11,14 +12,14 @@ import torch
 from qnn_pipeline.cli import main as pipeline_main
 
 
-def _summary(out: Path) -> dict[str, object]:
+def _summary(out: Path) -> dict[str, Any]:
     data = json.loads((out / "summary.json").read_text())
     assert isinstance(data, dict)
     return data
 
 
-def _status(summary: dict[str, object]) -> dict[str, str]:
-    return {s["name"]: s["status"] for s in summary["stages"]}  # type: ignore[attr-defined]
+def _status(summary: dict[str, Any]) -> dict[str, str]:
+    return {s["name"]: s["status"] for s in summary["stages"]}
 
 
 @pytest.fixture(scope="module")
@@ -38,13 +39,13 @@ def test_stop_after_compile_is_compile_only(compiled: Path) -> None:
 
 def test_resume_from_the_quantize_artifact(compiled: Path, tmp_path: Path) -> None:
     stages = _summary(compiled)["stages"]
-    quantized = next(s["artifact"] for s in stages if s["name"] == "quantize")  # type: ignore[attr-defined]
+    quantized = next(s["artifact"] for s in stages if s["name"] == "quantize")
     assert pipeline_main(["--from", quantized, "--out", str(tmp_path), "--runs", "3"]) == 0
     summary = _summary(tmp_path)
     assert summary["recipe"] == "8a8w"
     assert _status(summary) == {"prepare": "skipped", "quantize": "skipped", "compile": "ran",
                                 "infer": "ran"}
-    assert float(summary["accuracy"]["sqnr_db_vs_fake_quant"]) > 30  # type: ignore[index]
+    assert float(summary["accuracy"]["sqnr_db_vs_fake_quant"]) > 30
 
 
 def test_resume_from_a_bare_pt2(tmp_path: Path) -> None:

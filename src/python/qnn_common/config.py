@@ -56,7 +56,7 @@ class Stage(enum.StrEnum):
     INFER = "infer"
 
     @property
-    def index(self) -> int:  # type: ignore[override]  # shadows str.index on purpose
+    def position(self) -> int:
         return list(Stage).index(self)
 
 

@@ -50,7 +50,7 @@ def _raises_cve(fn: Callable[[], object]) -> ConfigValidationError:
 
 def test_stages_in_pipeline_order() -> None:
     assert [s.value for s in Stage] == ["prepare", "quantize", "compile", "infer"]
-    assert [s.index for s in Stage] == [0, 1, 2, 3]
+    assert [s.position for s in Stage] == [0, 1, 2, 3]
 
 
 # --- PipelineContext.create -------------------------------------------------------------------

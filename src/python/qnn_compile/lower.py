@@ -9,6 +9,7 @@ in how many delegate partitions.
 from __future__ import annotations
 
 import collections
+import importlib
 import operator
 import re
 from dataclasses import dataclass
@@ -80,7 +81,7 @@ def lower_program(
     # The kernels import registers out variants of the quantized_decomposed q/dq ops: without it a
     # PT2E graph whose q/dq nodes stay outside a delegate (all of them, for portable) cannot be
     # serialized ("Missing out variants").
-    import executorch.kernels.quantized  # noqa: F401
+    importlib.import_module("executorch.kernels.quantized")  # imported for its side effect
     from executorch.exir import to_edge_transform_and_lower
 
     want_etrecord = etrecord_path is not None

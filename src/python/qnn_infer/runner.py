@@ -8,6 +8,7 @@ accuracy code does not care where a program runs.
 
 from __future__ import annotations
 
+import importlib
 import math
 import os
 import re
@@ -124,7 +125,7 @@ class HostRunner:
         _check_pte_header(self.pte_path)
         # The kernels import registers the quantized_decomposed q/dq kernels with the runtime, so
         # that programs with q/dq ops outside a delegate (portable 8a8w, say) can load.
-        import executorch.kernels.quantized  # noqa: F401
+        importlib.import_module("executorch.kernels.quantized")  # imported for its side effect
         from executorch.runtime import Runtime
 
         self._runtime: Any = Runtime.get()

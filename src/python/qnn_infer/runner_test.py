@@ -1,6 +1,7 @@
 """Tests of qnn_infer.runner with real .pte files lowered from tiny models.
 
-Nothing is mocked: programs are lowered with qnn_compile and executed by executorch.runtime.
+Nothing is mocked: programs are lowered with ExecuTorch's own calls (a stage never imports
+another stage, not even in tests) and executed by executorch.runtime.
 The device tests can only reach the error paths (no phone here); one of them puts a scripted
 `adb` on PATH that prints what real adb prints, to exercise the `adb devices` handling.
 """
@@ -8,6 +9,7 @@ The device tests can only reach the error paths (no phone here); one of them put
 from __future__ import annotations
 
 import functools
+import importlib
 import math
 import os
 import stat
@@ -24,7 +26,6 @@ from qnn_common.errors import (
     PipelineError,
 )
 from qnn_common.recipes import Backend, Recipe
-from qnn_compile.lower import lower_program
 from qnn_infer.runner import (
     DeviceRunner,
     HostRunner,
@@ -98,9 +99,20 @@ class _Ptes(dict[tuple[Recipe, Backend], Path]):
         module = _model() if recipe is Recipe.FP32 else _quantized()
         ep = torch.export.export(module, _inputs(), strict=False)
         path = self._root / f"{recipe.value}_{backend.value}.pte"
-        path.write_bytes(lower_program(ep, backend).pte)
+        path.write_bytes(_to_pte(ep, backend))
         self[key] = path
         return path
+
+
+def _to_pte(ep: torch.export.ExportedProgram, backend: Backend) -> bytes:
+    """The plain ExecuTorch lowering calls (what qnn_compile wraps)."""
+    importlib.import_module("executorch.kernels.quantized")  # imported for its side effect
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+
+    partitioners = [XnnpackPartitioner()] if backend is Backend.XNNPACK else []
+    edge = to_edge_transform_and_lower(ep, partitioner=partitioners)
+    return bytes(edge.to_executorch().buffer)
 
 
 @pytest.fixture(scope="module")
@@ -278,7 +290,7 @@ def test_dynamic_batch_takes_smaller_and_rejects_larger(tmp_path: Path) -> None:
         model, (torch.randn(2, 4),), dynamic_shapes=({0: batch},), strict=False
     )
     path = tmp_path / "dynamic.pte"
-    path.write_bytes(lower_program(ep, Backend.PORTABLE).pte)
+    path.write_bytes(_to_pte(ep, Backend.PORTABLE))
     runner = HostRunner(path)
     assert runner.input_specs == (TensorSpec((8, 4), torch.float32),)  # the upper bound
     x = torch.randn(3, 4)
@@ -302,7 +314,7 @@ def test_missing_kernel_is_named(tmp_path: Path) -> None:
     # 1.5.1 registers no sort kernel: loading the method fails.
     ep = torch.export.export(_Sorts(), (torch.randn(2, 3),), strict=False)
     path = tmp_path / "sort.pte"
-    path.write_bytes(lower_program(ep, Backend.PORTABLE).pte)
+    path.write_bytes(_to_pte(ep, Backend.PORTABLE))
     with pytest.raises(BackendNotAvailableError, match=r"without a kernel: aten::sort\.values"):
         HostRunner(path)
 

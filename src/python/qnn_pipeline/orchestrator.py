@@ -107,7 +107,7 @@ def start_of(from_artifact: Path) -> Stage:
         produced = Stage(load_manifest(from_artifact).stage)
         if produced is Stage.INFER:
             raise ArtifactError(from_artifact, "is an infer artifact: nothing is left to run")
-        return list(Stage)[produced.index + 1]
+        return list(Stage)[produced.position + 1]
     if from_artifact.suffix == ".pt2":
         return Stage.COMPILE
     if from_artifact.suffix == ".pte":
@@ -135,8 +135,8 @@ def run_pipeline(ctx: PipelineContext, *, from_artifact: Path | None = None) -> 
     records: list[StageRecord] = []
     manifests: dict[Stage, Manifest] = {}
     for stage in Stage:
-        past_stop = ctx.stop_after is not None and stage.index > ctx.stop_after.index
-        if stage.index < first.index or stage in ctx.skip or past_stop:
+        past_stop = ctx.stop_after is not None and stage.position > ctx.stop_after.position
+        if stage.position < first.position or stage in ctx.skip or past_stop:
             records.append(StageRecord(stage, "skipped"))
             log.info("%s skipped", stage)
             continue

@@ -1,329 +1,68 @@
-from __future__ import annotations
+"""qnn_quant on its own: a self-contained MLP, quantized for real (model zoo tests live in
+tests/feature, since loading those models is qnn_prepare's job)."""
 
-from pathlib import Path
+from __future__ import annotations
 
 import pytest
 import torch
+from torch.export import ExportedProgram
 
 from qnn_common.errors import ConfigValidationError
-from qnn_common.metrics import cosine, sqnr_db
+from qnn_common.metrics import cosine
 from qnn_common.recipes import Backend, Recipe
-from qnn_common.soc import lookup_soc
-from qnn_prepare.calibration import make_calibration, random_samples, tokenize_like
-from qnn_prepare.models import LoadedModel, _CausalLm, export_program, load_model
-from qnn_quant.pt2e import _float_scalars_to_attrs, quantize_program
-
-# Not among the built-in calibration sentences.
-HELD_OUT = (
-    "Where is the nearest train station?",
-    "Neural networks learn representations from data.",
-    "I love pizza with extra cheese.",
-    "The government announced new tax reforms yesterday.",
-    "My grandmother grows tomatoes in her garden every summer.",
-    "What time does the library close on Sundays?",
-    "Climate change threatens coastal cities worldwide.",
-    "Thank you so much for your help!",
-)
+from qnn_common.tensorio import Sample
+from qnn_quant.pt2e import quantize_program
+from qnn_quant.report import accuracy_report
 
 
-def _targets(ep: torch.export.ExportedProgram) -> set[str]:
-    return {str(n.target) for n in ep.graph.nodes if n.op == "call_function"}
-
-
-def _run(ep: torch.export.ExportedProgram, sample: tuple[torch.Tensor, ...]) -> torch.Tensor:
-    with torch.no_grad():
-        out: torch.Tensor = ep.module()(*sample)
-    return out
-
-
-def _save_tiny_llama(directory: Path, seed: int = 1126) -> Path:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=256,
-        max_position_embeddings=64,
-    )
-    LlamaForCausalLM(config).save_pretrained(directory)
-    return directory
-
-
-@pytest.fixture(scope="module")
-def cnn() -> tuple[LoadedModel, torch.export.ExportedProgram]:
-    model = load_model("tiny-cnn")
-    return model, export_program(model)
-
-
-@pytest.fixture(scope="module")
-def tiny_llama(
-    tmp_path_factory: pytest.TempPathFactory,
-) -> tuple[LoadedModel, torch.export.ExportedProgram]:
-    model = load_model(str(_save_tiny_llama(tmp_path_factory.mktemp("llama"))), seq_len=16)
-    return model, export_program(model)
-
-
-def test_tiny_cnn_xnnpack_saves_loads_and_lowers(
-    cnn: tuple[LoadedModel, torch.export.ExportedProgram], tmp_path: Path
-) -> None:
-    model, ep = cnn
-    calibration = make_calibration(model, num_samples=8, source=None, seed=1126)
-    quantized = quantize_program(
-        ep, backend=Backend.XNNPACK, recipe=Recipe.A8W8, calibration=calibration, progress=False
-    )
-    targets = _targets(quantized)
-    assert "quantized_decomposed.quantize_per_tensor.default" in targets
-    assert "quantized_decomposed.dequantize_per_channel.default" in targets  # per-channel weights
-
-    test = random_samples(model, num_samples=4, seed=99)
-    with torch.no_grad():  # the input program is left as it was
-        torch.testing.assert_close(_run(ep, test[0]), model.module(*test[0]))
-    ref = torch.cat([_run(ep, x) for x in test]).numpy()
-    fake = torch.cat([_run(quantized, x) for x in test]).numpy()
-    assert sqnr_db(ref, fake) > 25.0
-
-    path = tmp_path / "q.pt2"
-    torch.export.save(quantized, path)
-    loaded = torch.export.load(path)
-    torch.testing.assert_close(_run(loaded, test[0]), _run(quantized, test[0]))
-
-    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
-    from executorch.exir import to_edge_transform_and_lower
-    from executorch.runtime import Runtime
-
-    program = to_edge_transform_and_lower(loaded, partitioner=[XnnpackPartitioner()])
-    lowered = program.exported_program().graph_module
-    calls = {str(n.target) for n in lowered.graph.nodes if n.op == "call_function"}
-    assert "executorch_call_delegate" in calls
-    assert not any("conv" in c or "linear" in c for c in calls)  # all compute delegated
-    pte = tmp_path / "q.pte"
-    pte.write_bytes(program.to_executorch().buffer)
-    method = Runtime.get().load_program(pte).load_method("forward")
-    (out,) = method.execute(list(test[0]))
-    assert sqnr_db(fake[:1], out.numpy()) > 30.0  # XNNPACK's int8 kernels vs fake quant
-
-
-def test_minilm_xnnpack_embeddings_stay_close_to_fp32() -> None:
-    # Default keep_float: the FFN down projections (OUTLIER_LAYERS) stay in float.
-    model = load_model("minilm", seq_len=32)
-    ep = export_program(model)
-    calibration = make_calibration(model, num_samples=8, source=None, seed=1126)
-    quantized = quantize_program(
-        ep,
-        backend=Backend.XNNPACK,
-        recipe=Recipe.A8W8,
-        calibration=calibration,
-        progress=False,
-    )
-    cosines = []
-    for text in HELD_OUT:
-        sample = tokenize_like(model, text)
-        cosines.append(cosine(_run(ep, sample).numpy(), _run(quantized, sample).numpy()))
-    # Measured: mean 0.993, worst sentence 0.978 (seq_len 32, 8 calibration sentences); with
-    # the FFN down projections quantized too: mean 0.936, worst 0.851.
-    assert sum(cosines) / len(cosines) >= 0.98, cosines
-    assert min(cosines) >= 0.95, cosines
-
-
-def test_tiny_llama_from_saved_dir_calibrates(
-    tiny_llama: tuple[LoadedModel, torch.export.ExportedProgram],
-) -> None:
-    model, ep = tiny_llama
-    calibration = make_calibration(model, num_samples=4, source=None, seed=1126)
-    quantized = quantize_program(
-        ep, backend=Backend.XNNPACK, recipe=Recipe.A8W8, calibration=calibration, progress=False
-    )
-    test = random_samples(model, num_samples=2, seed=7)
-    ref = torch.cat([_run(ep, x) for x in test]).numpy()
-    fake = torch.cat([_run(quantized, x) for x in test]).numpy()
-    assert sqnr_db(ref, fake) > 20.0
-
-
-class _DefaultMaskLm(torch.nn.Module):
-    """The HF model with transformers building its own causal mask (integer arange arithmetic)."""
-
-    def __init__(self, hf: torch.nn.Module) -> None:
+class _Mlp(torch.nn.Module):
+    def __init__(self) -> None:
         super().__init__()
-        self.hf = hf
+        self.fc1 = torch.nn.Linear(16, 32)
+        self.fc2 = torch.nn.Linear(32, 8)
 
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        logits: torch.Tensor = self.hf(input_ids=input_ids, use_cache=False).logits
-        return logits
-
-
-def test_scalar_workaround_lets_default_hf_masks_calibrate(
-    tiny_llama: tuple[LoadedModel, torch.export.ExportedProgram],
-) -> None:
-    model, _ = tiny_llama
-    assert isinstance(model.module, _CausalLm)
-    ep = torch.export.export(_DefaultMaskLm(model.module.hf), model.example_inputs, strict=False)
-    integer_adds = [
-        n
-        for n in ep.graph.nodes
-        if n.target == torch.ops.aten.add.Tensor and not n.meta["val"].dtype.is_floating_point
-    ]
-    assert integer_adds, "transformers no longer does integer mask arithmetic; test is moot"
-
-    # Upstream's transform still has the bug: if this starts passing, drop the workaround.
-    from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
-        XNNPACKQuantizer,
-        get_symmetric_quantization_config,
-    )
-    from torchao.quantization.pt2e.quantize_pt2e import prepare_pt2e
-
-    upstream = XNNPACKQuantizer().set_global(get_symmetric_quantization_config())
-    with pytest.raises(IndexError, match="tensors used as indices"):
-        prepare_pt2e(ep.module(), upstream)(*model.example_inputs)
-
-    quantized = quantize_program(
-        ep,
-        backend=Backend.XNNPACK,
-        recipe=Recipe.A8W8,
-        calibration=[model.example_inputs],
-        progress=False,
-    )
-    assert _run(quantized, model.example_inputs).shape == (1, 16, 256)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.fc2(torch.relu(self.fc1(x)))
+        return out
 
 
-def test_float_scalars_to_attrs_leaves_integer_ops_alone() -> None:
-    class M(torch.nn.Module):
-        def forward(self, x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-            return (x * 2 + 1.5)[idx + 1]
-
-    args = (torch.randn(5), torch.tensor([0, 2]))
-    gm = torch.export.export(M(), args, strict=False).module()
-    _float_scalars_to_attrs(gm)
-    float_ops = [
-        n for n in gm.graph.nodes if n.op == "call_function" and n.meta["val"].is_floating_point()
-    ]
-    int_add = next(
-        n
-        for n in gm.graph.nodes
-        if n.target == torch.ops.aten.add.Tensor and not n.meta["val"].is_floating_point()
-    )
-    assert int_add.args[1] == 1  # still a Python int
-    assert all(
-        isinstance(a, torch.fx.Node)
-        for n in float_ops
-        if n.target in (torch.ops.aten.add.Tensor, torch.ops.aten.mul.Tensor)
-        for a in n.args
-    )
-    torch.testing.assert_close(gm(*args), M()(*args))
+Programs = tuple[ExportedProgram, ExportedProgram, list[Sample]]
 
 
-def test_keep_float_leaves_matching_layers_unquantized(
-    cnn: tuple[LoadedModel, torch.export.ExportedProgram],
-) -> None:
-    model, ep = cnn
-    quantized = quantize_program(
-        ep,
-        backend=Backend.XNNPACK,
-        recipe=Recipe.A8W8,
-        calibration=[model.example_inputs],
-        keep_float=[r"^head$"],
-        progress=False,
-    )
-    linear = next(n for n in quantized.graph.nodes if n.target == torch.ops.aten.linear.default)
-    weight = linear.args[1]
-    assert isinstance(weight, torch.fx.Node) and "dequantize" not in str(weight.target)
-    conv = next(n for n in quantized.graph.nodes if n.target == torch.ops.aten.conv2d.default)
-    assert "dequantize" in str(conv.args[1].target)
-    with pytest.raises(ConfigValidationError, match="regular expression"):
-        quantize_program(
-            ep,
-            backend=Backend.XNNPACK,
-            recipe=Recipe.A8W8,
-            calibration=[model.example_inputs],
-            keep_float=["(unclosed"],
-            progress=False,
-        )
+@pytest.fixture(scope="module")
+def programs() -> Programs:
+    torch.manual_seed(1126)
+    fp32 = torch.export.export(_Mlp().eval(), (torch.randn(4, 16),), strict=False)
+    calibration: list[Sample] = [(torch.randn(4, 16),) for _ in range(8)]
+    quantized = quantize_program(fp32, backend=Backend.XNNPACK, recipe=Recipe.A8W8,
+                                 calibration=calibration, progress=False)
+    held_out: list[Sample] = [(torch.randn(4, 16),) for _ in range(3)]
+    return fp32, quantized, held_out
 
 
-@pytest.mark.parametrize(
-    ("backend", "recipe", "soc", "message"),
-    [
-        (Backend.XNNPACK, Recipe.FP32, None, "float recipe"),
-        (Backend.QNN, Recipe.FP16, None, "float recipe"),
-        (Backend.XNNPACK, Recipe.A16W8, None, "cannot run it"),
-        (Backend.PORTABLE, Recipe.A8W8, None, "cannot run it"),
-        (Backend.QNN, Recipe.A16W16, "SM8350", "needs HTP >= V73"),
-    ],
-)
-def test_recipes_the_backend_cannot_run(
-    cnn: tuple[LoadedModel, torch.export.ExportedProgram],
-    backend: Backend,
-    recipe: Recipe,
-    soc: str | None,
-    message: str,
-) -> None:
-    model, ep = cnn
-    with pytest.raises(ConfigValidationError, match=message) as err:
-        quantize_program(
-            ep,
-            backend=backend,
-            recipe=recipe,
-            calibration=[model.example_inputs],
-            soc=lookup_soc(soc) if soc else None,
-            progress=False,
-        )
-    assert err.value.field == "quantize.recipe"
+def test_8a8w_inserts_quantize_ops_and_stays_close(programs: Programs) -> None:
+    fp32, quantized, held_out = programs
+    targets = {str(n.target) for n in quantized.graph.nodes if n.op == "call_function"}
+    assert any("quantize_per_tensor" in t for t in targets)
+    assert any("dequantize_per_channel" in t for t in targets)  # per-channel weights
+    x = held_out[0][0]
+    with torch.no_grad():
+        ref, got = fp32.module()(x), quantized.module()(x)
+    assert cosine(ref.numpy(), got.numpy()) > 0.99
 
 
-def test_calibration_that_does_not_fit(
-    cnn: tuple[LoadedModel, torch.export.ExportedProgram],
-) -> None:
-    _, ep = cnn
-    with pytest.raises(ConfigValidationError, match=r"sample 1 input 0"):
-        quantize_program(
-            ep,
-            backend=Backend.XNNPACK,
-            recipe=Recipe.A8W8,
-            calibration=[(torch.randn(1, 3, 32, 32),), (torch.randn(1, 3, 16, 16),)],
-            progress=False,
-        )
-    with pytest.raises(ConfigValidationError, match="at least one"):
-        quantize_program(
-            ep, backend=Backend.XNNPACK, recipe=Recipe.A8W8, calibration=[], progress=False
-        )
+def test_report_names_layers_and_outputs(programs: Programs) -> None:
+    fp32, quantized, held_out = programs
+    report = accuracy_report(fp32, quantized, held_out, top_k=2)
+    assert report["num_samples"] == 3 and len(report["outputs"]) == 1
+    assert float(report["outputs"][0]["sqnr_db"]) > 20
+    assert len(report["worst_layers"]) == 2
+    assert {w["layer"] for w in report["worst_layers"]} <= {"fc1", "fc2", "relu", ""}
 
 
-def test_qnn_16a16w_is_not_dropped_and_is_precise(
-    cnn: tuple[LoadedModel, torch.export.ExportedProgram],
-) -> None:
-    # QuantDtype.use_16a16w == 0: a truthiness test would silently fall back to another dtype.
-    model, ep = cnn
-    calibration = make_calibration(model, num_samples=4, source=None, seed=1126)
-    quantized = quantize_program(
-        ep, backend=Backend.QNN, recipe=Recipe.A16W16, calibration=calibration, progress=False
-    )
-    weight_dtypes = {
-        n.args[-1]
-        for n in quantized.graph.nodes
-        if n.target == torch.ops.quantized_decomposed.dequantize_per_channel.default
-    }
-    assert torch.int16 in weight_dtypes
-    ref = torch.cat([_run(ep, x) for x in calibration]).numpy()
-    fake = torch.cat([_run(quantized, x) for x in calibration]).numpy()
-    assert sqnr_db(ref, fake) > 60.0  # measured ~82 dB; 8a8w gives ~36 dB
-
-
-def test_qnn_16a4w_block_uses_block_weights(
-    tiny_llama: tuple[LoadedModel, torch.export.ExportedProgram],
-) -> None:
-    model, ep = tiny_llama
-    calibration = make_calibration(model, num_samples=2, source=None, seed=1126)
-    quantized = quantize_program(
-        ep,
-        backend=Backend.QNN,
-        recipe=Recipe.A16W4_BLOCK,
-        calibration=calibration,
-        soc=lookup_soc("SM8650"),
-        progress=False,
-    )
-    assert "torchao.dequantize_affine.default" in _targets(quantized)
-    ref = _run(ep, calibration[0]).numpy()
-    assert sqnr_db(ref, _run(quantized, calibration[0]).numpy()) > 10.0
+@pytest.mark.parametrize("recipe", [Recipe.FP32, Recipe.FP16, Recipe.A16W8, Recipe.A16W4])
+def test_recipes_xnnpack_cannot_run(programs: Programs, recipe: Recipe) -> None:
+    fp32, _, held_out = programs
+    with pytest.raises(ConfigValidationError):
+        quantize_program(fp32, backend=Backend.XNNPACK, recipe=recipe, calibration=held_out,
+                         progress=False)
