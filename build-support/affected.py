@@ -183,9 +183,9 @@ def changed_files(base: str) -> list[str]:
             f"unknown base {base!r}: fetch it first (`git fetch origin`; in CI check out with "
             "fetch-depth: 0)"
         )
-    files = set(git("diff", "--name-only", f"{base}...HEAD").split())
-    files.update(git("diff", "--name-only", "HEAD").split())
-    files.update(git("ls-files", "--others", "--exclude-standard", "--full-name").split())
+    files = set(git("diff", "--name-only", f"{base}...HEAD").splitlines())
+    files.update(git("diff", "--name-only", "HEAD").splitlines())
+    files.update(git("ls-files", "--others", "--exclude-standard", "--full-name").splitlines())
     return sorted(files)
 
 
@@ -235,7 +235,7 @@ def build_report(base: str | None) -> Report:
     if run_all:
         affected = {t.address for t in targets}
     elif any(f not in outside or not (ROOT / f).exists() for f in changed):
-        affected = set(pants(*specs, "list").split())
+        affected = set(pants(*specs, "list").splitlines())
     else:
         # Only existing files that no target owns (or nothing at all) changed: Pants would select
         # nothing, so spare its second run (~15 s without pantsd). A deleted file still goes to

@@ -175,14 +175,18 @@ class Repo:
 
 
 def pants_env(home_cache: Path, tmp: Path) -> dict[str, str]:
-    # Our own interpreter is a PEX venv: its PEX_* variables and Pants' sandbox settings must not
-    # leak into the nested Pants. PIP_CONFIG_FILE=/dev/null (from the outer [subprocess-
-    # environment]) would also drop /etc/pip.conf's cert, which the launcher's pip relies on.
+    # Our own interpreter is a PEX venv: its PEX_* variables and the outer Pants' settings must
+    # not leak into the nested Pants (PANTS_PYTHON39 is the launcher's, not Pants'). The outer
+    # [subprocess-environment] PIP_CONFIG_FILE=/dev/null would also drop /etc/pip.conf's cert,
+    # which the launcher's pip relies on.
     env = {
         k: v
         for k, v in os.environ.items()
-        if not k.startswith(("PEX_", "__PEX", "PANTS_", "PYTEST_"))
-        and k not in {"VIRTUAL_ENV", "PIP_CONFIG_FILE"}
+        if k == "PANTS_PYTHON39"
+        or (
+            not k.startswith(("PEX_", "__PEX", "PANTS_", "PYTEST_"))
+            and k not in {"VIRTUAL_ENV", "PIP_CONFIG_FILE"}
+        )
     }
     env.update(
         PANTS_PANTSD="false",  # nothing may outlive the test

@@ -67,3 +67,47 @@ def test_resume_from_a_bare_pt2(tmp_path: Path) -> None:
     summary = _summary(out)
     assert summary["recipe"] == "fp32"
     assert _status(summary)["compile"] == "ran"
+
+
+def test_stage_clis_on_files_from_anywhere(tmp_path: Path) -> None:
+    """compile takes any .pt2, infer any .pte (with --inputs): no upstream artifact needed."""
+    from qnn_compile.cli import main as compile_main
+    from qnn_infer.cli import main as infer_main
+
+    torch.manual_seed(0)
+    conv = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU()).eval()
+    x = torch.randn(1, 3, 8, 8)
+    pt2 = tmp_path / "conv.pt2"
+    torch.export.save(torch.export.export(conv, (x,)), pt2)
+    assert compile_main([str(pt2), "--backend", "xnnpack", "-o", str(tmp_path / "c")]) == 0
+    inputs = tmp_path / "x.pt"
+    torch.save(x, inputs)
+    pte = tmp_path / "c" / "model.pte"
+    assert infer_main([str(pte), "--inputs", str(inputs), "-o", str(tmp_path / "i"),
+                       "--runs", "3"]) == 0
+    (out,) = torch.load(tmp_path / "i" / "outputs.pt", weights_only=True)[0]
+    with torch.no_grad():
+        torch.testing.assert_close(out, conv(x), rtol=1e-4, atol=1e-5)
+
+
+def test_each_stage_runs_alone_in_a_fresh_process(tmp_path: Path) -> None:
+    """A stage CLI in its own process, on another process's artifact (nothing shared in memory:
+    e.g. the quantized program's op libraries must be registered by the loader itself)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+
+    def stage(module: str, *args: str) -> None:
+        done = subprocess.run([sys.executable, "-m", module, *args], env=env, text=True,
+                              capture_output=True, timeout=600, check=False)
+        assert done.returncode == 0, done.stderr[-3000:]
+
+    stage("qnn_prepare.cli", "--model", "tiny-cnn", "-o", str(tmp_path / "p"),
+          "--calibration-samples", "2", "--eval-samples", "2")
+    stage("qnn_quant.cli", str(tmp_path / "p"), "-o", str(tmp_path / "q"), "--report-layers", "0")
+    stage("qnn_compile.cli", str(tmp_path / "q"), "-o", str(tmp_path / "c"))
+    stage("qnn_infer.cli", str(tmp_path / "c"), "-o", str(tmp_path / "i"), "--runs", "2")
+    infer = json.loads((tmp_path / "i" / "manifest.json").read_text())
+    assert float(infer["metrics"]["accuracy"]["vs_fake_quant"]["sqnr_db"]) > 30

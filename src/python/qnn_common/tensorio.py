@@ -6,6 +6,8 @@ pickle from outside must never execute code.
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -91,6 +93,9 @@ def sample_mismatch(samples: Sequence[Sample], like: Sample) -> str | None:
     return None
 
 
+_QUANT_OP_LIBRARIES = ("torchao.quantization.pt2e", "torchao.quantization.quant_primitives")
+
+
 def save_program(path: Path, program: torch.export.ExportedProgram) -> None:
     """Save an ExportedProgram (.pt2) atomically."""
     atomic_save(path, lambda tmp: torch.export.save(program, tmp))
@@ -100,6 +105,11 @@ def load_program(path: Path) -> torch.export.ExportedProgram:
     """Load a .pt2 written by torch.export.save, refusing anything else with a clear reason."""
     if not path.is_file():
         raise ArtifactError(path, "does not exist")
+    # A PT2E-quantized program holds quantized_decomposed / torchao ops: their op libraries must
+    # be registered before deserialization, or a fresh process (a stage run alone) can't load it.
+    for library in _QUANT_OP_LIBRARIES:
+        with contextlib.suppress(ImportError):
+            importlib.import_module(library)
     try:
         return torch.export.load(path)
     except Exception as err:  # zipfile, JSON and deserialization errors alike

@@ -1,0 +1,27 @@
+"""Each package's version is written twice: in its BUILD (the wheel) and in `__version__` (the
+manifests). They must agree, or artifacts would record a version no wheel has."""
+
+from __future__ import annotations
+
+import importlib
+import re
+from pathlib import Path
+
+import pytest
+
+PACKAGES = ("qnn_common", "qnn_prepare", "qnn_quant", "qnn_compile", "qnn_infer", "qnn_pipeline")
+
+
+def _build_version(package: str) -> str:
+    text = Path("src/python", package, "BUILD").read_text()
+    match = re.search(r'python_artifact\([^)]*?version="([^"]+)"', text, re.S)
+    assert match, f"no python_artifact version in src/python/{package}/BUILD"
+    return match.group(1)
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_build_version_matches_dunder_version(package: str) -> None:
+    module = importlib.import_module(package)
+    assert module.__version__ == _build_version(package), (
+        f"bump both src/python/{package}/BUILD and {package}/__init__.py"
+    )
