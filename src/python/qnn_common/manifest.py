@@ -10,6 +10,7 @@ with the path and the reason.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import importlib.metadata
 import json
@@ -17,8 +18,10 @@ import math
 import os
 import platform
 import shutil
+import sys
 import tempfile
 import time
+import types
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, is_dataclass
 from enum import Enum
@@ -83,7 +86,10 @@ def atomic_path(path: Path) -> Iterator[Path]:
     reader sees the old file or the complete new one, never a partial write.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    # Keep the real suffix last: torch.export.save warns about archives not ending in .pt2.
+    fd, tmp_name = tempfile.mkstemp(
+        prefix=f".{path.stem}.", suffix=f".tmp{path.suffix}", dir=path.parent
+    )
     os.close(fd)
     # mkstemp creates 0600; artifacts are shared files, so honour the umask like open() does.
     umask = os.umask(0)
@@ -165,6 +171,21 @@ def to_jsonable(value: Any) -> Any:
     return value
 
 
+@functools.cache
+def code_version(package: types.ModuleType) -> str:
+    """`package.__version__` plus a digest of its own modules' source.
+
+    Cache keys use this instead of the bare version, so that changed code invalidates cached
+    artifacts even before anyone bumps the version (which is what happens during development).
+    """
+    root = Path(str(package.__file__)).parent
+    h = hashlib.sha256()
+    for f in sorted(root.glob("*.py")):
+        if not f.name.endswith("_test.py"):
+            h.update(f.name.encode() + b"\0" + f.read_bytes())
+    return f"{package.__version__}+{h.hexdigest()[:12]}"
+
+
 def cache_key(
     stage: str, config: Any, input_digests: Mapping[str, str], package_version: str
 ) -> str:
@@ -179,6 +200,7 @@ def cache_key(
         "config": to_jsonable(config),
         "inputs": dict(sorted(input_digests.items())),
         "package_version": package_version,
+        "contracts_version": code_version(sys.modules[__package__ or "qnn_common"]),
         "tools": tool_versions(),
         "schema_version": SCHEMA_VERSION,
     }

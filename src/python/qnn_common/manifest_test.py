@@ -454,7 +454,7 @@ def test_failed_manifest_write_keeps_old_seal(
     with pytest.raises(RuntimeError):
         _seal(tmp_path, {"new": b"n"})
     assert (tmp_path / MANIFEST_NAME).read_bytes() == before
-    assert not [n for n in os.listdir(tmp_path) if n.endswith(".tmp")]
+    assert not [n for n in os.listdir(tmp_path) if ".tmp" in n]
 
 
 # --- cache keys and tool versions -------------------------------------------------------------
@@ -558,3 +558,32 @@ def test_to_jsonable() -> None:
         "ctx": {"path": "p", "sha256": "s", "size": 1},
     }
     json.dumps(to_jsonable(value), allow_nan=False)
+
+
+def test_code_version_follows_the_source_not_just_the_version(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import importlib
+    import sys
+
+    from qnn_common.manifest import code_version
+
+    pkg = tmp_path / "fakepkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text('__version__ = "1.2.3"\n')
+    (pkg / "stage.py").write_text("X = 1\n")
+    (pkg / "stage_test.py").write_text("Y = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module = importlib.import_module("fakepkg")
+    try:
+        first = code_version(module)
+        assert first.startswith("1.2.3+")
+        (pkg / "stage_test.py").write_text("Y = 2\n")  # tests are not the stage's code
+        code_version.cache_clear()
+        assert code_version(module) == first
+        (pkg / "stage.py").write_text("X = 2\n")
+        code_version.cache_clear()
+        assert code_version(module) != first
+    finally:
+        code_version.cache_clear()
+        sys.modules.pop("fakepkg", None)

@@ -19,6 +19,7 @@ from qnn_common.manifest import (
     atomic_write_bytes,
     begin_artifact,
     cache_key,
+    code_version,
     load_manifest,
     manifest_digest,
     sha256_file,
@@ -51,7 +52,7 @@ def _source(inp: CompileInput) -> tuple[Path, Manifest | None, dict[str, str]]:
 
 def compile_cache_key(inp: CompileInput) -> str:
     _, _, digests = _source(inp)
-    return cache_key(Stage.COMPILE, inp.config, digests, qnn_compile.__version__)
+    return cache_key(Stage.COMPILE, inp.config, digests, code_version(qnn_compile))
 
 
 def _check_matches_upstream(cfg: CompileConfig, upstream: Manifest | None) -> None:
@@ -109,7 +110,7 @@ def run_compile(inp: CompileInput) -> CompileOutput:
         config=cfg,
         inputs=digests,
         files=files,
-        cache_key=cache_key(Stage.COMPILE, cfg, digests, qnn_compile.__version__),
+        cache_key=cache_key(Stage.COMPILE, cfg, digests, code_version(qnn_compile)),
         timings={"lower_s": round(seconds, 3)},
         metrics={
             "model": upstream.metrics.get("model") if upstream else program_path.name,

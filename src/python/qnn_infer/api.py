@@ -15,6 +15,7 @@ from qnn_common.errors import ConfigValidationError
 from qnn_common.manifest import (
     begin_artifact,
     cache_key,
+    code_version,
     load_manifest,
     manifest_digest,
     sha256_file,
@@ -49,7 +50,7 @@ def _digests(inp: InferInput) -> dict[str, str]:
 
 
 def infer_cache_key(inp: InferInput) -> str:
-    return cache_key(Stage.INFER, inp.config, _digests(inp), qnn_infer.__version__)
+    return cache_key(Stage.INFER, inp.config, _digests(inp), code_version(qnn_infer))
 
 
 def compare(reference: list[Sample], actual: list[Sample]) -> dict[str, Any]:
@@ -123,7 +124,7 @@ def run_infer(inp: InferInput) -> InferOutput:
         config=cfg,
         inputs=digests,
         files=files,
-        cache_key=cache_key(Stage.INFER, cfg, digests, qnn_infer.__version__),
+        cache_key=cache_key(Stage.INFER, cfg, digests, code_version(qnn_infer)),
         timings={"run_s": round(run_s, 3)},
         metrics={
             "model": upstream.metrics.get("model") if upstream else Path(pte).name,

@@ -15,6 +15,7 @@ from qnn_common.config import PrepareConfig, Stage
 from qnn_common.manifest import (
     begin_artifact,
     cache_key,
+    code_version,
     sha256_file,
     to_jsonable,
     write_manifest,
@@ -58,7 +59,7 @@ def _model_digest(spec: str) -> str:
 
 def prepare_cache_key(config: PrepareConfig) -> str:
     """The cache key of `config`'s artifact (see qnn_common.manifest.cache_key)."""
-    return cache_key(Stage.PREPARE, config, source_digests(config), qnn_prepare.__version__)
+    return cache_key(Stage.PREPARE, config, source_digests(config), code_version(qnn_prepare))
 
 
 def run_prepare(inp: PrepareInput) -> PrepareOutput:
@@ -110,7 +111,7 @@ def run_prepare(inp: PrepareInput) -> PrepareOutput:
         config=cfg,
         inputs=digests,
         files=files,
-        cache_key=cache_key(Stage.PREPARE, cfg, digests, qnn_prepare.__version__),
+        cache_key=cache_key(Stage.PREPARE, cfg, digests, code_version(qnn_prepare)),
         timings={k: round(v, 3) for k, v in timings.items()},
         metrics={
             "model": model.name,

@@ -395,7 +395,11 @@ def _load_hf_dir(model_dir: Path, *, name: str, seq_len: int, seed: int) -> Load
             input_names: tuple[str, ...] = ("input_ids",)
         else:
             pooling, normalize = _sentence_transformers_head(model_dir)
-            hf = AutoModel.from_pretrained(str(model_dir), local_files_only=True)
+            # Eager attention: SDPA exports with a "safe softmax" (any / eq / where per layer)
+            # that XNNPACK cannot delegate; eager matmul + softmax it can (minilm: 40 -> 16 ms).
+            hf = AutoModel.from_pretrained(
+                str(model_dir), local_files_only=True, attn_implementation="eager"
+            )
             if pooling is not None and isinstance(getattr(hf, "pooler", None), nn.Module):
                 # The model's own pooler (BERT's tanh dense) is unused by sentence-transformers;
                 # dropping it after loading keeps it out of the graph without the load warning

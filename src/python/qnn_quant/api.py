@@ -13,6 +13,7 @@ from qnn_common.manifest import (
     atomic_copy,
     begin_artifact,
     cache_key,
+    code_version,
     load_manifest,
     manifest_digest,
     write_manifest,
@@ -43,7 +44,7 @@ log = logging.getLogger(__name__)
 def quantize_cache_key(inp: QuantizeInput) -> str:
     """The cache key of `inp`'s artifact; needs only the source's manifest."""
     return cache_key(Stage.QUANTIZE, inp.config, {"prepare": manifest_digest(inp.source)},
-                     qnn_quant.__version__)
+                     code_version(qnn_quant))
 
 
 def run_quantize(inp: QuantizeInput) -> QuantizeOutput:
@@ -92,7 +93,7 @@ def run_quantize(inp: QuantizeInput) -> QuantizeOutput:
         config=cfg,
         inputs=inputs,
         files=[PROGRAM, REFERENCE_FAKE_QUANT, *carried],
-        cache_key=cache_key(Stage.QUANTIZE, cfg, inputs, qnn_quant.__version__),
+        cache_key=cache_key(Stage.QUANTIZE, cfg, inputs, code_version(qnn_quant)),
         timings={k: round(v, 3) for k, v in timings.items()},
         metrics={"model": src.metrics.get("model"), "accuracy": report},
     )
