@@ -91,3 +91,14 @@ def test_tiny_cnn_8a8w_then_cached_and_force(tmp_path: Path) -> None:
     forced = run_pipeline(PipelineContext.create("tiny-cnn", out_dir=tmp_path, force=True,
                                                  infer={"runs": 5}))
     assert all(r.status == "ran" for r in forced.records)
+
+
+def test_tiny_llama_causal_lm_path(tmp_path: Path) -> None:
+    """A decoder through all four stages: HF loading, constant causal mask, PT2E, XNNPACK."""
+    ctx = PipelineContext.create("tiny-llama", out_dir=tmp_path,
+                                 prepare={"seq_len": 16, "calibration_samples": 4},
+                                 infer={"runs": 3})
+    summary = run_pipeline(ctx).summary
+    assert _statuses(summary) == {s.value: "ran" for s in Stage}
+    assert float(summary["accuracy"]["sqnr_db_vs_fp32"]) >= 20
+    assert float(summary["accuracy"]["sqnr_db_vs_fake_quant"]) >= 20

@@ -11,26 +11,9 @@ import torch
 from qnn_common.metrics import cosine, sqnr_db
 from qnn_common.recipes import Backend, Recipe
 from qnn_prepare.calibration import make_calibration, random_samples
-from qnn_prepare.models import LoadedModel, export_program, load_model
+from qnn_prepare.models import LoadedModel, export_program, load_model, save_tiny_llama
 from qnn_quant.pt2e import quantize_program
 from qnn_quant.report import accuracy_report
-
-
-def _save_tiny_llama(directory: Path, seed: int = 1126) -> Path:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=256,
-        max_position_embeddings=64,
-    )
-    LlamaForCausalLM(config).save_pretrained(directory)
-    return directory
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +80,7 @@ def test_top_k_and_empty_samples(
 def test_layers_match_across_qnn_decompositions(tmp_path: Path) -> None:
     # QNN's quantizer decomposes scaled_dot_product_attention, and the re-export renames every
     # later node; layers must still pair with their true counterparts.
-    model = load_model(str(_save_tiny_llama(tmp_path / "llama")), seq_len=16)
+    model = load_model(str(save_tiny_llama(tmp_path / "llama")), seq_len=16)
     ep = export_program(model)
     calibration = make_calibration(model, num_samples=2, source=None, seed=1126)
     quantized = quantize_program(

@@ -10,7 +10,13 @@ from qnn_common.metrics import cosine, sqnr_db
 from qnn_common.recipes import Backend, Recipe
 from qnn_common.soc import lookup_soc
 from qnn_prepare.calibration import make_calibration, random_samples, tokenize_like
-from qnn_prepare.models import LoadedModel, _CausalLm, export_program, load_model
+from qnn_prepare.models import (
+    LoadedModel,
+    _CausalLm,
+    export_program,
+    load_model,
+    save_tiny_llama,
+)
 from qnn_quant.pt2e import _float_scalars_to_attrs, quantize_program
 
 # Not among the built-in calibration sentences.
@@ -36,22 +42,6 @@ def _run(ep: torch.export.ExportedProgram, sample: tuple[torch.Tensor, ...]) -> 
     return out
 
 
-def _save_tiny_llama(directory: Path, seed: int = 1126) -> Path:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=256,
-        max_position_embeddings=64,
-    )
-    LlamaForCausalLM(config).save_pretrained(directory)
-    return directory
-
 
 @pytest.fixture(scope="module")
 def cnn() -> tuple[LoadedModel, torch.export.ExportedProgram]:
@@ -63,7 +53,7 @@ def cnn() -> tuple[LoadedModel, torch.export.ExportedProgram]:
 def tiny_llama(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> tuple[LoadedModel, torch.export.ExportedProgram]:
-    model = load_model(str(_save_tiny_llama(tmp_path_factory.mktemp("llama"))), seq_len=16)
+    model = load_model(str(save_tiny_llama(tmp_path_factory.mktemp("llama"))), seq_len=16)
     return model, export_program(model)
 
 

@@ -89,7 +89,7 @@ def lower_program(
         edge = to_edge_transform_and_lower(
             ep, partitioner=partitioners, generate_etrecord=want_etrecord
         )
-    except Exception as exc:
+    except Exception as exc:  # exir raises many unrelated types; each becomes one StageError
         raise _stage_error(f"lowering for {backend.value} failed", exc) from exc
 
     delegated, partitions, outside = _count_ops(edge.exported_program().graph_module)
@@ -97,7 +97,7 @@ def lower_program(
     try:
         et_program = edge.to_executorch()
         pte = bytes(et_program.buffer)
-    except Exception as exc:
+    except Exception as exc:  # as above: named, chained, with the failing op if known
         raise _stage_error(f"serializing the {backend.value} program failed", exc) from exc
 
     if etrecord_path is not None:
@@ -105,7 +105,7 @@ def lower_program(
             etrecord = et_program.get_etrecord()
             with atomic_path(etrecord_path) as tmp:
                 etrecord.save(str(tmp))
-        except Exception as exc:
+        except Exception as exc:  # devtools' errors have no common base either
             raise StageError(
                 _STAGE, f"writing the ETRecord to {etrecord_path} failed: {exc}", exc
             ) from exc

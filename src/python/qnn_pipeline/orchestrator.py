@@ -154,7 +154,7 @@ def run_pipeline(ctx: PipelineContext, *, from_artifact: Path | None = None) -> 
                 spec.run(dataclasses.replace(inp, out_dir=out_dir))
             except PipelineError:
                 raise
-            except Exception as err:
+            except Exception as err:  # anything unforeseen still names the stage it broke in
                 raise StageError(stage, f"failed: {type(err).__name__}: {err}", err) from err
             seconds = time.perf_counter() - t
             log.info("%s completed in %.1f s -> %s", stage, seconds, out_dir)

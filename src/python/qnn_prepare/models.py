@@ -18,9 +18,11 @@ those trace to arange/index/vmap graphs that some backends cannot compile (QNN a
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 import re
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +36,8 @@ BUILTIN_MODELS: dict[str, str] = {
     "minilm": "sentence-transformers/all-MiniLM-L6-v2: BERT text encoder (22 M params, real "
     "weights) -> L2-normalized 384-d sentence embedding",
     "tiny-cnn": "conv/relu/pool/linear classifier on 3x32x32 images, seeded random weights",
+    "tiny-llama": "Llama decoder (2 layers, hidden 64, vocab 256), seeded random weights -> "
+    "logits: the causal-LM path, offline (numerically meaningless text)",
 }
 
 # Added to attention scores at masked positions. Not finfo(float32).min: that overflows to -inf in
@@ -118,6 +122,13 @@ def load_model(spec: str, *, seq_len: int = 128, seed: int = 1126) -> LoadedMode
         return _load_minilm(seq_len, seed)
     if spec == "tiny-cnn":
         return _load_tiny_cnn(seed)
+    if spec == "tiny-llama":
+        # Through a real HF directory, so it takes exactly the path a downloaded model takes.
+        with tempfile.TemporaryDirectory() as tmp:
+            model_dir = save_tiny_llama(Path(tmp) / "tiny-llama", seed=seed)
+            loaded = _load_hf_dir(model_dir, name="tiny-llama", seq_len=seq_len, seed=seed)
+        # It has no tokenizer, and the directory's files are gone with the temp dir.
+        return dataclasses.replace(loaded, tokenizer_files=())
     path = Path(spec).expanduser()
     if "/" in spec or spec.startswith((".", "~")) or path.is_dir():
         return _load_hf_dir(path, name=path.name or spec, seq_len=seq_len, seed=seed)
@@ -219,6 +230,28 @@ class _CausalLm(nn.Module):
 
 # --------------------------------------------------------------------------------------------
 # Loaders.
+
+
+def save_tiny_llama(directory: Path, seed: int = 1126) -> Path:
+    """Write a tiny Llama (seeded random weights) as a Hugging Face model directory.
+
+    Architecture-exact and small enough for tests: hub downloads are impossible here, and this
+    exercises every code path a real causal LM takes.
+    """
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=256,
+        max_position_embeddings=64,
+    )
+    LlamaForCausalLM(config).save_pretrained(directory)
+    return directory
 
 
 def _load_tiny_cnn(seed: int) -> LoadedModel:
@@ -466,7 +499,7 @@ def _load_factory(spec: str) -> LoadedModel:
     try:
         with torch.no_grad():
             out = module(*example)
-    except Exception as err:
+    except Exception as err:  # user code: whatever it raises is reported against the spec
         raise ConfigValidationError(
             "model", spec, f"the module fails on its own example inputs: {err}"
         ) from err

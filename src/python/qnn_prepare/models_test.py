@@ -17,29 +17,13 @@ from qnn_prepare.models import (
     export_program,
     list_models,
     load_model,
+    save_tiny_llama,
 )
-
-
-def _save_tiny_llama(directory: Path, seed: int = 1126) -> Path:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=256,
-        max_position_embeddings=64,
-    )
-    LlamaForCausalLM(config).save_pretrained(directory)
-    return directory
 
 
 @pytest.fixture(scope="module")
 def tiny_llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _save_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
+    return save_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
 
 
 @pytest.fixture(scope="module")
