@@ -97,17 +97,25 @@ def test_each_stage_runs_alone_in_a_fresh_process(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    # Imported here only so that the CLIs (and what they import) are this test's dependencies.
+    from qnn_compile import cli as compile_cli
+    from qnn_infer import cli as infer_cli
+    from qnn_prepare import cli as prepare_cli
+    from qnn_quant import cli as quant_cli
+
+    paths = (os.path.abspath(p) for p in sys.path if p)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
 
     def stage(module: str, *args: str) -> None:
         done = subprocess.run([sys.executable, "-m", module, *args], env=env, text=True,
                               capture_output=True, timeout=600, check=False)
         assert done.returncode == 0, done.stderr[-3000:]
 
-    stage("qnn_prepare.cli", "--model", "tiny-cnn", "-o", str(tmp_path / "p"),
+    stage(prepare_cli.__name__, "--model", "tiny-cnn", "-o", str(tmp_path / "p"),
           "--calibration-samples", "2", "--eval-samples", "2")
-    stage("qnn_quant.cli", str(tmp_path / "p"), "-o", str(tmp_path / "q"), "--report-layers", "0")
-    stage("qnn_compile.cli", str(tmp_path / "q"), "-o", str(tmp_path / "c"))
-    stage("qnn_infer.cli", str(tmp_path / "c"), "-o", str(tmp_path / "i"), "--runs", "2")
+    stage(quant_cli.__name__, str(tmp_path / "p"), "-o", str(tmp_path / "q"),
+          "--report-layers", "0")
+    stage(compile_cli.__name__, str(tmp_path / "q"), "-o", str(tmp_path / "c"))
+    stage(infer_cli.__name__, str(tmp_path / "c"), "-o", str(tmp_path / "i"), "--runs", "2")
     infer = json.loads((tmp_path / "i" / "manifest.json").read_text())
     assert float(infer["metrics"]["accuracy"]["vs_fake_quant"]["sqnr_db"]) > 30

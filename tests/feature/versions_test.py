@@ -3,13 +3,20 @@ manifests). They must agree, or artifacts would record a version no wheel has.""
 
 from __future__ import annotations
 
-import importlib
 import re
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
-PACKAGES = ("qnn_common", "qnn_prepare", "qnn_quant", "qnn_compile", "qnn_infer", "qnn_pipeline")
+import qnn_common
+import qnn_compile
+import qnn_infer
+import qnn_pipeline
+import qnn_prepare
+import qnn_quant
+
+PACKAGES = (qnn_common, qnn_prepare, qnn_quant, qnn_compile, qnn_infer, qnn_pipeline)
 
 
 def _build_version(package: str) -> str:
@@ -19,9 +26,9 @@ def _build_version(package: str) -> str:
     return match.group(1)
 
 
-@pytest.mark.parametrize("package", PACKAGES)
-def test_build_version_matches_dunder_version(package: str) -> None:
-    module = importlib.import_module(package)
-    assert module.__version__ == _build_version(package), (
-        f"bump both src/python/{package}/BUILD and {package}/__init__.py"
+@pytest.mark.parametrize("package", PACKAGES, ids=lambda m: m.__name__)
+def test_build_version_matches_dunder_version(package: ModuleType) -> None:
+    name = package.__name__
+    assert package.__version__ == _build_version(name), (
+        f"bump both src/python/{name}/BUILD and {name}/__init__.py"
     )
