@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import re
 import tomllib
 import types
 import typing
@@ -111,9 +112,27 @@ class QuantizeConfig:
     soc: str | None = None
     per_channel: bool = True
     report_layers: int = 10
+    # Regexes over nn.Module paths of layers to leave in float. None: the quantizer's default
+    # (8-bit activations keep BERT-style FFN down-projections float); () quantizes everything.
+    keep_float: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         _normalize_enums(self, "quantize")
+        if self.keep_float is not None:
+            if isinstance(self.keep_float, str) or not all(
+                isinstance(p, str) for p in self.keep_float
+            ):
+                raise ConfigValidationError(
+                    "quantize.keep_float", self.keep_float, "must be a list of regexes"
+                )
+            for pattern in self.keep_float:
+                try:
+                    re.compile(pattern)
+                except re.error as err:
+                    raise ConfigValidationError(
+                        "quantize.keep_float", pattern, f"not a regular expression: {err}"
+                    ) from None
+            object.__setattr__(self, "keep_float", tuple(self.keep_float))
         if not self.recipe.is_quantized:
             raise ConfigValidationError(
                 "quantize.recipe",
@@ -367,6 +386,11 @@ def _coerce(tp: Any, value: Any, path: str) -> Any:
         except ValueError:
             raise ConfigValidationError(path, value, f"unknown {tp.__name__.lower()}",
                                         tuple(str(m.value) for m in tp)) from None
+    if origin is tuple:
+        (inner, _) = typing.get_args(tp)  # tuple[X, ...]
+        if not isinstance(value, list | tuple):
+            raise ConfigValidationError(path, value, "must be a list")
+        return tuple(_coerce(inner, v, path) for v in value)
     if origin is frozenset:
         (inner,) = typing.get_args(tp)
         if isinstance(value, str):

@@ -578,3 +578,15 @@ def test_skip_prepare_from_toml(write_toml: WriteToml) -> None:
 def test_pipeline_from_mapping_errors_are_pipeline_errors() -> None:
     with pytest.raises(PipelineError):
         pipeline_from_mapping({"pipeline": {"model": "m", "backend": "tpu"}})
+
+
+def test_keep_float_is_a_list_of_regexes() -> None:
+    ctx = pipeline_from_mapping(
+        {"pipeline": {"model": "m"}, "quantize": {"keep_float": [r"layer\.\d+\.output"]}}
+    )
+    assert ctx.quantize is not None and ctx.quantize.keep_float == (r"layer\.\d+\.output",)
+    with pytest.raises(ConfigValidationError, match="not a regular expression"):
+        QuantizeConfig(keep_float=("(",))
+    with pytest.raises(ConfigValidationError, match="must be a list"):
+        pipeline_from_mapping({"pipeline": {"model": "m"}, "quantize": {"keep_float": "x"}})
+    assert QuantizeConfig().keep_float is None  # the quantizer's default

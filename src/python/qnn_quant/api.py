@@ -65,6 +65,7 @@ def run_quantize(inp: QuantizeInput) -> QuantizeOutput:
         calibration=calibration,
         per_channel=cfg.per_channel,
         soc=cfg.soc_info,
+        keep_float=cfg.keep_float,
     )
     timings["quantize_s"] = time.perf_counter() - t
     log.info("quantized to %s for %s in %.1f s", cfg.recipe, cfg.backend, timings["quantize_s"])

@@ -30,6 +30,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--soc", help="target SoC (qnn backend), e.g. SM8650")
     p.add_argument("--per-tensor", action="store_true",
                    help="per-tensor weights instead of per-channel")
+    p.add_argument("--keep-float", action="append", metavar="REGEX",
+                   help="leave layers whose module path matches in float (repeatable); default: "
+                   "FFN down-projections for 8-bit activations")
+    p.add_argument("--quantize-all", action="store_true",
+                   help="quantize every layer the quantizer can (no float layers)")
     p.add_argument("--report-layers", type=int, default=10,
                    help="how many worst layers to report (default: %(default)s)")
     add_logging_args(p)
@@ -45,6 +50,9 @@ def _main(argv: Sequence[str] | None) -> int:
         soc=args.soc,
         per_channel=not args.per_tensor,
         report_layers=args.report_layers,
+        keep_float=() if args.quantize_all else (
+            None if args.keep_float is None else tuple(args.keep_float)
+        ),
     )
     from qnn_quant.api import run_quantize  # torch is imported only past argument checks
 
