@@ -80,14 +80,13 @@ def run_infer(inp: InferInput) -> InferOutput:
         have = {f.path for f in upstream.files}
     else:
         upstream, pte, have = None, inp.source, set()
-    eval_path = inp.source / EVAL_INPUTS
-    example = load_samples(eval_path)[0] if EVAL_INPUTS in have else None
+    eval_inputs = load_samples(inp.source / EVAL_INPUTS) if EVAL_INPUTS in have else None
+    # References were computed on the eval inputs: they judge the program only on those.
+    references_apply = cfg.inputs_file is None and eval_inputs is not None
     if cfg.inputs_file is not None:
-        inputs = load_samples(cfg.inputs_file, like=example)
-        references_apply = False
-    elif example is not None:
-        inputs = load_samples(eval_path)
-        references_apply = True
+        inputs = load_samples(cfg.inputs_file, like=None if eval_inputs is None else eval_inputs[0])
+    elif eval_inputs is not None:
+        inputs = eval_inputs
     else:
         raise ConfigValidationError(
             "infer.inputs_file", None,
