@@ -239,7 +239,7 @@ def test_keep_float_leaves_matching_layers_unquantized(
         (Backend.XNNPACK, Recipe.FP32, None, "float recipe"),
         (Backend.QNN, Recipe.FP16, None, "float recipe"),
         (Backend.XNNPACK, Recipe.A16W8, None, "cannot run it"),
-        (Backend.PORTABLE, Recipe.A8W8, None, "cannot run it"),
+        (Backend.PORTABLE, Recipe.A16W8, None, "cannot run it"),
         (Backend.QNN, Recipe.A16W16, "SM8350", "needs HTP >= V73"),
     ],
 )

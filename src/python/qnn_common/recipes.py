@@ -60,13 +60,15 @@ class _Rule:
 # What each backend can run at all.
 _BACKEND_RECIPES: dict[Backend, tuple[Recipe, ...]] = {
     Backend.XNNPACK: (Recipe.FP32, Recipe.A8W8),
-    Backend.PORTABLE: (Recipe.FP32,),
+    # The reference for quantized programs too: quantized_decomposed kernels, bit-exact with
+    # fake quant, so it tells a backend's deviation from the quantizer's.
+    Backend.PORTABLE: (Recipe.FP32, Recipe.A8W8),
     Backend.QNN: tuple(r for r in Recipe if r is not Recipe.FP32),
 }
 
 _BACKEND_HINTS: dict[Backend, str] = {
     Backend.XNNPACK: "XNNPACK runs fp32 and 8a8w (symmetric int8 weights, int8 activations)",
-    Backend.PORTABLE: "the portable reference kernels run fp32 only",
+    Backend.PORTABLE: "the portable reference kernels run fp32 and 8a8w",
     Backend.QNN: "the HTP has no fp32 datapath; use fp16 for a float model",
 }
 

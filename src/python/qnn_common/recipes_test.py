@@ -26,9 +26,7 @@ QUANTIZED = tuple(r for r in Recipe if r.is_quantized)
 
 def _oracle(backend: Backend, soc: Soc | None) -> set[Recipe]:
     """The rules, written out independently of the module under test."""
-    if backend is Backend.PORTABLE:
-        return {Recipe.FP32}
-    if backend is Backend.XNNPACK:
+    if backend in (Backend.PORTABLE, Backend.XNNPACK):
         return {Recipe.FP32, Recipe.A8W8}
     allowed = set(Recipe) - {Recipe.FP32}
     if soc is not None:
@@ -249,13 +247,14 @@ def test_xnnpack_runs_fp32_and_8a8w_only(recipe: Recipe) -> None:
     assert info.value.allowed == ("fp32", "8a8w")
 
 
-@pytest.mark.parametrize("recipe", [r for r in Recipe if r is not Recipe.FP32])
-def test_portable_runs_fp32_only(recipe: Recipe) -> None:
+@pytest.mark.parametrize("recipe", [r for r in Recipe if r not in (Recipe.FP32, Recipe.A8W8)])
+def test_portable_runs_fp32_and_8a8w_only(recipe: Recipe) -> None:
     check_recipe(Backend.PORTABLE, Recipe.FP32, None)
+    check_recipe(Backend.PORTABLE, Recipe.A8W8, None)
     with pytest.raises(ConfigValidationError) as info:
         check_recipe(Backend.PORTABLE, recipe, None)
-    assert "portable reference kernels run fp32 only" in str(info.value)
-    assert info.value.allowed == ("fp32",)
+    assert "portable reference kernels run fp32 and 8a8w" in str(info.value)
+    assert info.value.allowed == ("fp32", "8a8w")
 
 
 def test_qnn_refuses_fp32_and_points_at_fp16() -> None:

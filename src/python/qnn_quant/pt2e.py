@@ -115,7 +115,9 @@ def quantize_program(
 
     graph_module = ep.module()
     float_nodes = _nodes_under(graph_module, patterns)
-    if backend is Backend.XNNPACK:
+    if backend in (Backend.XNNPACK, Backend.PORTABLE):
+        # Portable runs the standard quantized_decomposed q/dq representation XNNPACK's
+        # quantizer produces; its kernels then compute exactly what fake quant computes.
         quantizer = _xnnpack_quantizer(per_channel, graph_module, float_nodes)
     else:
         assert soc is not None
