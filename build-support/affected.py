@@ -6,8 +6,9 @@ script only groups that set for people and for CI: packages (one per `python_dis
 targets (one per test file) by category tag, and the count against all test targets.
 
 One rule is ours, not Pants': a few files configure every target without being part of the graph
-(the launcher, pants.toml, the CI workflow, this script). Pants maps them to no target, so a change
-to one of them would select nothing; here it selects everything (GLOBAL_FILES).
+(the launcher, pants.toml, the CI workflow, this script). Pants maps them to no target, or only
+to the `file` targets that tests read them through, so a change to one would select next to
+nothing; here it selects everything (GLOBAL_FILES).
 """
 
 from __future__ import annotations

@@ -20,7 +20,8 @@ from typing import Any
 
 import pytest
 
-FIXTURE = Path(__file__).parent / "fixture"
+# The repo root (in a Pants sandbox too, where the BUILD dependencies put these files).
+ROOT = Path(__file__).resolve().parents[2]
 PEX_NAME = "pex-v2.1.137"
 
 BUILD_STAGE = """\
@@ -118,7 +119,7 @@ def synthetic_pants_toml() -> str:
     Taken from the real file rather than copied by hand, so the synthetic repo bootstraps and
     reaches PyPI the same way the real one does.
     """
-    real = tomllib.loads((FIXTURE / "pants.toml").read_text())
+    real = tomllib.loads((ROOT / "pants.toml").read_text())
     glob = real["GLOBAL"]
     config: dict[str, Mapping[str, Any]] = {
         "GLOBAL": {
@@ -214,13 +215,9 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Repo]:
         (root / rel).write_text(text)
     (root / "pants.toml").write_text(synthetic_pants_toml())
     (root / "build-support").mkdir()
-    for name, dest in [
-        ("pants", "pants"),
-        ("pants-requirements.txt", "build-support/pants-requirements.txt"),
-        ("affected", "build-support/affected"),
-        ("affected.py", "build-support/affected.py"),
-    ]:
-        shutil.copyfile(FIXTURE / name, root / dest)
+    for name in ("pants", "build-support/pants-requirements.txt", "build-support/affected",
+                 "build-support/affected.py"):
+        shutil.copyfile(ROOT / name, root / name)
     for exe in ("pants", "build-support/affected"):
         (root / exe).chmod(0o755)
 
