@@ -182,3 +182,13 @@ def check(metrics: tuple[Metric, ...], reference: Outputs, got: Outputs) -> list
             continue
         failures += [f"output {i}: {msg}" for m in metrics if (msg := m.check(ref, out))]
     return failures
+
+
+def assert_case(
+    case: OpCase, backend: Backend, recipe: Recipe, metrics: tuple[Metric, ...], workdir: Path
+) -> int:
+    """Run `case` for real and fail with every mismatch spelled out; return the delegated ops."""
+    reference, got, delegated = run_case(case, backend, recipe, workdir)
+    failures = check(metrics, reference, got)
+    assert not failures, f"{case.name} on {backend} {recipe}: " + "; ".join(failures)
+    return delegated

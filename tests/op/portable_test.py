@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from op.cases import CASES, Cosine, Metric, OpCase, Sqnr, Tolerance, check, run_case
+from op.cases import CASES, Cosine, Metric, OpCase, Sqnr, Tolerance, assert_case
 from qnn_common.recipes import Backend, Recipe
 
 FP32: tuple[Metric, ...] = (Sqnr(80.0), Cosine(0.999999), Tolerance(rtol=1e-5, atol=1e-5))
@@ -20,7 +20,4 @@ EXPECTED: dict[Recipe, tuple[Metric, ...]] = {Recipe.FP32: FP32, Recipe.A8W8: A8
 @pytest.mark.parametrize("recipe", list(EXPECTED), ids=str)
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
 def test_op(case: OpCase, recipe: Recipe, tmp_path: Path) -> None:
-    reference, got, delegated = run_case(case, Backend.PORTABLE, recipe, tmp_path)
-    failures = check(EXPECTED[recipe], reference, got)
-    assert not failures, f"{case.name} on portable {recipe}: " + "; ".join(failures)
-    assert delegated == 0
+    assert assert_case(case, Backend.PORTABLE, recipe, EXPECTED[recipe], tmp_path) == 0

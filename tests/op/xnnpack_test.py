@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from op.cases import CASES, Cosine, Metric, OpCase, Sqnr, Tolerance, check, run_case
+from op.cases import CASES, Cosine, Metric, OpCase, Sqnr, Tolerance, assert_case
 from qnn_common.recipes import Backend, Recipe
 
 # fp32: XNNPACK reorders float math, so exact equality is not expected; 60 dB is ~0.1 % error.
@@ -20,8 +20,6 @@ EXPECTED: dict[Recipe, tuple[Metric, ...]] = {Recipe.FP32: FP32, Recipe.A8W8: A8
 @pytest.mark.parametrize("recipe", list(EXPECTED), ids=str)
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
 def test_op(case: OpCase, recipe: Recipe, tmp_path: Path) -> None:
-    reference, got, delegated = run_case(case, Backend.XNNPACK, recipe, tmp_path)
-    failures = check(EXPECTED[recipe], reference, got)
-    assert not failures, f"{case.name} on xnnpack {recipe}: " + "; ".join(failures)
+    delegated = assert_case(case, Backend.XNNPACK, recipe, EXPECTED[recipe], tmp_path)
     if case.name in ("linear", "conv2d"):
         assert delegated > 0, f"{case.name} was not delegated to XNNPACK"

@@ -250,6 +250,7 @@ def test_compile_recipe_error_names_compile_recipe() -> None:
 
 @pytest.mark.parametrize("value", [True, 1.5, "3"])
 def test_positive_ints_refuse_bools_floats_strings(value: object) -> None:
+    # Deliberately the wrong type: callers without a type checker get a clear error too.
     err = _raises_cve(lambda: InferConfig(runs=value))  # type: ignore[arg-type]
     assert err.field == "infer.runs"
 
@@ -258,6 +259,7 @@ def test_positive_ints_refuse_bools_floats_strings(value: object) -> None:
 
 
 def test_configs_are_frozen() -> None:
+    # Each assignment is a type error on purpose (mypy's [misc]): we assert the runtime refusal.
     ctx = PipelineContext.create("m")
     with pytest.raises(dataclasses.FrozenInstanceError):
         ctx.force = True  # type: ignore[misc]

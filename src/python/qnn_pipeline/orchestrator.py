@@ -117,15 +117,16 @@ def start_of(from_artifact: Path) -> Stage:
     )
 
 
-def _up_to_date(out_dir: Path, stage: Stage, key: str) -> bool:
+def _cached(out_dir: Path, stage: Stage, key: str) -> Manifest | None:
+    """The artifact's manifest if it is verified and made from exactly these inputs, else None."""
     if not (out_dir / MANIFEST_NAME).is_file():
-        return False
+        return None
     try:
         manifest = load_manifest(out_dir, expect_stage=stage)
     except ArtifactError as err:
         log.warning("%s: cached artifact refused (%s); rerunning", stage, err.reason)
-        return False
-    return manifest.cache_key == key
+        return None
+    return manifest if manifest.cache_key == key else None
 
 
 def run_pipeline(ctx: PipelineContext, *, from_artifact: Path | None = None) -> PipelineResult:
@@ -144,14 +145,16 @@ def run_pipeline(ctx: PipelineContext, *, from_artifact: Path | None = None) -> 
         inp = spec.make_input(ctx, source, Path())
         key = spec.cache_key(inp)
         out_dir = ctx.out_dir / f"{stage}-{key[:12]}"
-        if not ctx.force and _up_to_date(out_dir, stage, key):
+        cached = None if ctx.force else _cached(out_dir, stage, key)
+        if cached is not None:
             log.info("%s cached: %s is up to date", stage, out_dir)
             records.append(StageRecord(stage, "cached", 0.0, out_dir))
+            manifests[stage] = cached
         else:
             log.info("%s started", stage)
             t = time.perf_counter()
             try:
-                spec.run(dataclasses.replace(inp, out_dir=out_dir))
+                manifests[stage] = spec.run(dataclasses.replace(inp, out_dir=out_dir)).manifest
             except PipelineError:
                 raise
             except Exception as err:  # anything unforeseen still names the stage it broke in
@@ -159,7 +162,6 @@ def run_pipeline(ctx: PipelineContext, *, from_artifact: Path | None = None) -> 
             seconds = time.perf_counter() - t
             log.info("%s completed in %.1f s -> %s", stage, seconds, out_dir)
             records.append(StageRecord(stage, "ran", round(seconds, 3), out_dir))
-        manifests[stage] = load_manifest(out_dir, expect_stage=stage, verify=False)
         source = out_dir
     summary = build_summary(ctx, records, manifests)
     ctx.out_dir.mkdir(parents=True, exist_ok=True)

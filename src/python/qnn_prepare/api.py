@@ -53,7 +53,7 @@ def _model_digest(spec: str) -> str:
             h.update(str(f.relative_to(path)).encode())
             h.update(sha256_file(f).encode())
         return h.hexdigest()
-    # Built-ins are fixed by the package version; a module:function by its name.
+    # Built-ins are fixed by this package's code (part of the key); a module:function by its name.
     return hashlib.sha256(spec.encode()).hexdigest()
 
 
