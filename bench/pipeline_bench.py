@@ -26,8 +26,10 @@ from typing import Any
 
 import torch
 
-from qnn_common.config import PipelineContext, Stage
+from qnn_common.config import CompileConfig, PipelineContext, Stage
 from qnn_common.recipes import Backend, Recipe
+from qnn_common.target import Target
+from qnn_compile.backends import lowering_for
 from qnn_compile.lower import lower_program
 from qnn_infer.runner import HostRunner, measure_latency
 from qnn_pipeline.orchestrator import run_pipeline
@@ -42,10 +44,11 @@ def _plain(model_name: str, seq_len: int, samples: int, runs: int, workdir: Path
     model = load_model(model_name, seq_len=seq_len)
     program = torch.export.export(model.module, model.example_inputs, strict=False)
     calibration = make_calibration(model, num_samples=samples, source=None, seed=1126)
-    quantized = quantize_program(program, backend=Backend.XNNPACK, recipe=Recipe.A8W8,
+    quantized = quantize_program(program, target=Target(Backend.XNNPACK), recipe=Recipe.A8W8,
                                  calibration=calibration, progress=False)
     pte = workdir / "plain.pte"
-    pte.write_bytes(lower_program(quantized, Backend.XNNPACK).pte)
+    lowering = lowering_for(CompileConfig(backend=Backend.XNNPACK, recipe=Recipe.A8W8))
+    pte.write_bytes(lower_program(quantized, lowering).pte)
     runner = HostRunner(pte)
     runner.run(tuple(model.example_inputs))
     # The pipeline's infer stage times `runs` executions too; so does the plain script.

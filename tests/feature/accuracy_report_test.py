@@ -10,6 +10,8 @@ import torch
 
 from qnn_common.metrics import cosine, sqnr_db
 from qnn_common.recipes import Backend, Recipe
+from qnn_common.soc import lookup_soc
+from qnn_common.target import Target
 from qnn_prepare.calibration import make_calibration, random_samples
 from qnn_prepare.models import LoadedModel, export_program, load_model, save_tiny_llama
 from qnn_quant.pt2e import quantize_program
@@ -22,7 +24,8 @@ def cnn_pair() -> tuple[LoadedModel, torch.export.ExportedProgram, torch.export.
     ep = export_program(model)
     calibration = make_calibration(model, num_samples=4, source=None, seed=1126)
     quantized = quantize_program(
-        ep, backend=Backend.XNNPACK, recipe=Recipe.A8W8, calibration=calibration, progress=False
+        ep, target=Target(Backend.XNNPACK), recipe=Recipe.A8W8, calibration=calibration,
+        progress=False,
     )
     return model, ep, quantized
 
@@ -84,7 +87,8 @@ def test_layers_match_across_qnn_decompositions(tmp_path: Path) -> None:
     ep = export_program(model)
     calibration = make_calibration(model, num_samples=2, source=None, seed=1126)
     quantized = quantize_program(
-        ep, backend=Backend.QNN, recipe=Recipe.A16W8, calibration=calibration, progress=False
+        ep, target=Target(Backend.QNN, lookup_soc("SM8650")), recipe=Recipe.A16W8,
+        calibration=calibration, progress=False,
     )
     report = accuracy_report(ep, quantized, calibration, top_k=1000)
     json.dumps(report, allow_nan=False)

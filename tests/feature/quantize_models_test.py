@@ -9,6 +9,7 @@ from qnn_common.errors import ConfigValidationError
 from qnn_common.metrics import cosine, sqnr_db
 from qnn_common.recipes import Backend, Recipe
 from qnn_common.soc import lookup_soc
+from qnn_common.target import Target
 from qnn_prepare.calibration import make_calibration, random_samples, tokenize_like
 from qnn_prepare.models import (
     LoadedModel,
@@ -63,7 +64,8 @@ def test_tiny_cnn_xnnpack_saves_loads_and_lowers(
     model, ep = cnn
     calibration = make_calibration(model, num_samples=8, source=None, seed=1126)
     quantized = quantize_program(
-        ep, backend=Backend.XNNPACK, recipe=Recipe.A8W8, calibration=calibration, progress=False
+        ep, target=Target(Backend.XNNPACK), recipe=Recipe.A8W8, calibration=calibration,
+        progress=False,
     )
     targets = _targets(quantized)
     assert "quantized_decomposed.quantize_per_tensor.default" in targets
@@ -104,7 +106,7 @@ def test_minilm_xnnpack_embeddings_stay_close_to_fp32() -> None:
     calibration = make_calibration(model, num_samples=8, source=None, seed=1126)
     quantized = quantize_program(
         ep,
-        backend=Backend.XNNPACK,
+        target=Target(Backend.XNNPACK),
         recipe=Recipe.A8W8,
         calibration=calibration,
         progress=False,
@@ -125,7 +127,8 @@ def test_tiny_llama_from_saved_dir_calibrates(
     model, ep = tiny_llama
     calibration = make_calibration(model, num_samples=4, source=None, seed=1126)
     quantized = quantize_program(
-        ep, backend=Backend.XNNPACK, recipe=Recipe.A8W8, calibration=calibration, progress=False
+        ep, target=Target(Backend.XNNPACK), recipe=Recipe.A8W8, calibration=calibration,
+        progress=False,
     )
     test = random_samples(model, num_samples=2, seed=7)
     ref = torch.cat([_run(ep, x) for x in test]).numpy()
@@ -171,7 +174,7 @@ def test_scalar_workaround_lets_default_hf_masks_calibrate(
 
     quantized = quantize_program(
         ep,
-        backend=Backend.XNNPACK,
+        target=Target(Backend.XNNPACK),
         recipe=Recipe.A8W8,
         calibration=[model.example_inputs],
         progress=False,
@@ -211,7 +214,7 @@ def test_keep_float_leaves_matching_layers_unquantized(
     model, ep = cnn
     quantized = quantize_program(
         ep,
-        backend=Backend.XNNPACK,
+        target=Target(Backend.XNNPACK),
         recipe=Recipe.A8W8,
         calibration=[model.example_inputs],
         keep_float=[r"^head$"],
@@ -225,7 +228,7 @@ def test_keep_float_leaves_matching_layers_unquantized(
     with pytest.raises(ConfigValidationError, match="regular expression"):
         quantize_program(
             ep,
-            backend=Backend.XNNPACK,
+            target=Target(Backend.XNNPACK),
             recipe=Recipe.A8W8,
             calibration=[model.example_inputs],
             keep_float=["(unclosed"],
@@ -237,7 +240,7 @@ def test_keep_float_leaves_matching_layers_unquantized(
     ("backend", "recipe", "soc", "message"),
     [
         (Backend.XNNPACK, Recipe.FP32, None, "float recipe"),
-        (Backend.QNN, Recipe.FP16, None, "float recipe"),
+        (Backend.QNN, Recipe.FP16, "SM8650", "float recipe"),
         (Backend.XNNPACK, Recipe.A16W8, None, "cannot run it"),
         (Backend.PORTABLE, Recipe.A16W8, None, "cannot run it"),
         (Backend.QNN, Recipe.A16W16, "SM8350", "needs HTP >= V73"),
@@ -254,10 +257,9 @@ def test_recipes_the_backend_cannot_run(
     with pytest.raises(ConfigValidationError, match=message) as err:
         quantize_program(
             ep,
-            backend=backend,
+            target=Target.parse(backend, soc),
             recipe=recipe,
             calibration=[model.example_inputs],
-            soc=lookup_soc(soc) if soc else None,
             progress=False,
         )
     assert err.value.field == "quantize.recipe"
@@ -270,14 +272,14 @@ def test_calibration_that_does_not_fit(
     with pytest.raises(ConfigValidationError, match=r"sample 1 input 0"):
         quantize_program(
             ep,
-            backend=Backend.XNNPACK,
+            target=Target(Backend.XNNPACK),
             recipe=Recipe.A8W8,
             calibration=[(torch.randn(1, 3, 32, 32),), (torch.randn(1, 3, 16, 16),)],
             progress=False,
         )
     with pytest.raises(ConfigValidationError, match="at least one"):
         quantize_program(
-            ep, backend=Backend.XNNPACK, recipe=Recipe.A8W8, calibration=[], progress=False
+            ep, target=Target(Backend.XNNPACK), recipe=Recipe.A8W8, calibration=[], progress=False
         )
 
 
@@ -288,7 +290,8 @@ def test_qnn_16a16w_is_not_dropped_and_is_precise(
     model, ep = cnn
     calibration = make_calibration(model, num_samples=4, source=None, seed=1126)
     quantized = quantize_program(
-        ep, backend=Backend.QNN, recipe=Recipe.A16W16, calibration=calibration, progress=False
+        ep, target=Target(Backend.QNN, lookup_soc("SM8650")), recipe=Recipe.A16W16,
+        calibration=calibration, progress=False,
     )
     weight_dtypes = {
         n.args[-1]
@@ -308,10 +311,9 @@ def test_qnn_16a4w_block_uses_block_weights(
     calibration = make_calibration(model, num_samples=2, source=None, seed=1126)
     quantized = quantize_program(
         ep,
-        backend=Backend.QNN,
+        target=Target(Backend.QNN, lookup_soc("SM8650")),
         recipe=Recipe.A16W4_BLOCK,
         calibration=calibration,
-        soc=lookup_soc("SM8650"),
         progress=False,
     )
     assert "torchao.dequantize_affine.default" in _targets(quantized)

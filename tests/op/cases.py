@@ -15,11 +15,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from qnn_common.config import CompileConfig
 from qnn_common.metrics import cosine, max_abs_error, sqnr_db
-from qnn_common.recipes import Backend, Recipe
+from qnn_common.recipes import Recipe
+from qnn_common.target import Target
 from qnn_common.tensorio import Sample, flatten_outputs
+from qnn_compile.backends import lowering_for
 from qnn_compile.lower import lower_program
 from qnn_infer.runner import HostRunner
+from qnn_infer.runtimes import prepare_runtime
 from qnn_quant.pt2e import quantize_program
 
 SEED = 1126
@@ -146,7 +150,7 @@ Outputs = list[np.ndarray]
 
 
 def run_case(
-    case: OpCase, backend: Backend, recipe: Recipe, workdir: Path
+    case: OpCase, target: Target, recipe: Recipe, workdir: Path
 ) -> tuple[Outputs, Outputs, int]:
     """Export, (quantize,) lower and execute one case for real.
 
@@ -158,13 +162,16 @@ def run_case(
     calibration = [case.inputs(g) for _ in range(8)]
     program = torch.export.export(case.make(), example, strict=False)
     if recipe.is_quantized:
-        program = quantize_program(program, backend=backend, recipe=recipe,
+        program = quantize_program(program, target=target, recipe=recipe,
                                    calibration=calibration, progress=False)
     with torch.no_grad():
         reference = flatten_outputs(program.module()(*example))
-    lowered = lower_program(program, backend)
-    pte = workdir / f"{case.name}-{backend}-{recipe}.pte"
+    soc = None if target.soc is None else target.soc.name
+    config = CompileConfig(backend=target.backend, soc=soc, recipe=recipe)
+    lowered = lower_program(program, lowering_for(config))
+    pte = workdir / f"{case.name}-{target.backend}-{recipe}.pte"
     pte.write_bytes(lowered.pte)
+    prepare_runtime({target.backend})
     got = HostRunner(pte).run(example)
     return (
         [r.detach().double().numpy() for r in reference],
@@ -185,10 +192,10 @@ def check(metrics: tuple[Metric, ...], reference: Outputs, got: Outputs) -> list
 
 
 def assert_case(
-    case: OpCase, backend: Backend, recipe: Recipe, metrics: tuple[Metric, ...], workdir: Path
+    case: OpCase, target: Target, recipe: Recipe, metrics: tuple[Metric, ...], workdir: Path
 ) -> int:
     """Run `case` for real and fail with every mismatch spelled out; return the delegated ops."""
-    reference, got, delegated = run_case(case, backend, recipe, workdir)
+    reference, got, delegated = run_case(case, target, recipe, workdir)
     failures = check(metrics, reference, got)
-    assert not failures, f"{case.name} on {backend} {recipe}: " + "; ".join(failures)
+    assert not failures, f"{case.name} on {target} {recipe}: " + "; ".join(failures)
     return delegated

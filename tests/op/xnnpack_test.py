@@ -8,6 +8,7 @@ import pytest
 
 from op.cases import CASES, Cosine, Metric, OpCase, Sqnr, Tolerance, assert_case
 from qnn_common.recipes import Backend, Recipe
+from qnn_common.target import Target
 
 # fp32: XNNPACK reorders float math, so exact equality is not expected; 60 dB is ~0.1 % error.
 FP32: tuple[Metric, ...] = (Sqnr(60.0), Cosine(0.99999), Tolerance(rtol=1e-3, atol=1e-4))
@@ -20,6 +21,6 @@ EXPECTED: dict[Recipe, tuple[Metric, ...]] = {Recipe.FP32: FP32, Recipe.A8W8: A8
 @pytest.mark.parametrize("recipe", list(EXPECTED), ids=str)
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
 def test_op(case: OpCase, recipe: Recipe, tmp_path: Path) -> None:
-    delegated = assert_case(case, Backend.XNNPACK, recipe, EXPECTED[recipe], tmp_path)
+    delegated = assert_case(case, Target(Backend.XNNPACK), recipe, EXPECTED[recipe], tmp_path)
     if case.name in ("linear", "conv2d"):
         assert delegated > 0, f"{case.name} was not delegated to XNNPACK"

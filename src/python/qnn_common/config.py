@@ -44,8 +44,16 @@ from typing import Any, TypeVar
 from qnn_common.errors import ConfigValidationError
 from qnn_common.recipes import Backend, Recipe, check_recipe, parse_enum
 from qnn_common.soc import Soc, lookup_soc
+from qnn_common.target import Target
 
 DEFAULT_SEED = 1126
+
+# ExecuTorch's QnnExecuTorchHtpPerformanceMode members, by the names users type (values 0..8).
+HTP_PERFORMANCE_MODES: tuple[str, ...] = (
+    "default", "sustained_high_performance", "burst", "high_performance", "power_saver",
+    "low_power_saver", "high_power_saver", "low_balanced", "balanced",
+)
+DEFAULT_HTP_PERFORMANCE_MODE = "burst"
 
 
 class Stage(enum.StrEnum):
@@ -143,10 +151,16 @@ class QuantizeConfig:
         check_recipe(self.backend, self.recipe, _soc_or_none(self.soc, "quantize.soc"),
                      "quantize.recipe")
         _positive("quantize.report_layers", self.report_layers, minimum=0)
+        _ = self.target  # validates backend / soc together
 
     @property
     def soc_info(self) -> Soc | None:
         return _soc_or_none(self.soc, "quantize.soc")
+
+    @property
+    def target(self) -> Target:
+        """The target the quantizer prepares the program for."""
+        return Target(self.backend, self.soc_info)
 
 
 @dataclass(frozen=True)
@@ -157,15 +171,35 @@ class CompileConfig:
     recipe: Recipe = Recipe.FP32
     soc: str | None = None
     etrecord: bool = False
+    # QNN HTP only: the power / clock vote the context binary is built with (burst = upstream's
+    # default for benchmarks). It is recorded in the program, so it is part of the cache key.
+    htp_performance_mode: str = DEFAULT_HTP_PERFORMANCE_MODE
 
     def __post_init__(self) -> None:
         _normalize_enums(self, "compile")
         check_recipe(self.backend, self.recipe, _soc_or_none(self.soc, "compile.soc"),
                      "compile.recipe")
+        _ = self.target  # validates backend / soc together
+        if self.htp_performance_mode not in HTP_PERFORMANCE_MODES:
+            raise ConfigValidationError(
+                "compile.htp_performance_mode", self.htp_performance_mode,
+                "unknown HTP performance mode", allowed=HTP_PERFORMANCE_MODES,
+            )
+        default_mode = self.htp_performance_mode == DEFAULT_HTP_PERFORMANCE_MODE
+        if not default_mode and self.backend is not Backend.QNN:
+            raise ConfigValidationError(
+                "compile.htp_performance_mode", self.htp_performance_mode,
+                "only the qnn backend has HTP performance modes",
+            )
 
     @property
     def soc_info(self) -> Soc | None:
         return _soc_or_none(self.soc, "compile.soc")
+
+    @property
+    def target(self) -> Target:
+        """The backend (and SoC) the program is compiled for."""
+        return Target(self.backend, self.soc_info)
 
 
 @dataclass(frozen=True)
@@ -176,10 +210,23 @@ class InferConfig:
     runs: int = 20
     inputs_file: Path | None = None
     etdump: bool = False
+    # Run on an Android device over adb instead of the host: its serial, or "auto" for the only
+    # connected one; `device_runner` is the executor runner built for Android (arm64).
+    device: str | None = None
+    device_runner: Path | None = None
 
     def __post_init__(self) -> None:
         _positive("infer.warmup", self.warmup, minimum=0)
         _positive("infer.runs", self.runs)
+        if self.device is not None and (not isinstance(self.device, str) or not self.device):
+            raise ConfigValidationError(
+                "infer.device", self.device, "an adb serial, or \"auto\" for the only device"
+            )
+        if self.device_runner is not None and self.device is None:
+            raise ConfigValidationError(
+                "infer.device_runner", str(self.device_runner),
+                "only used with a device; pass --device SERIAL (or auto) too",
+            )
 
 
 @dataclass(frozen=True)

@@ -303,8 +303,8 @@ def test_check_recipe_and_configs_agree_with_recipes_for(
     assert raised == invalid
 
     soc_name = None if soc is None else soc.name.lower()
-
-    if invalid:
+    # A target is a backend plus a SoC exactly when the backend compiles for one.
+    if invalid or (backend is not Backend.QNN and soc is not None):
         with pytest.raises(ConfigValidationError):
             CompileConfig(backend=backend, recipe=recipe, soc=soc_name)
         with pytest.raises(ConfigValidationError):

@@ -48,6 +48,7 @@ _SOCS: tuple[Soc, ...] = (
     Soc("SM8850", 87, HtpArch.V81, 8, lpai="V6"),
     Soc("SM8845", 97, HtpArch.V81, 8),
     Soc("SA8295", 39, HtpArch.V68, 8),
+    Soc("SC8380XP", 60, HtpArch.V73, 8),  # Snapdragon X Elite (Windows on Arm laptops)
     Soc("SA8255", 52, HtpArch.V73, 8),
     Soc("SA8797", 72, HtpArch.V81, 16),
     Soc("QCS9100", 77, HtpArch.V73, 8),

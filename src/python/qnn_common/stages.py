@@ -13,8 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from qnn_common.config import CompileConfig, InferConfig, PrepareConfig, QuantizeConfig
-from qnn_common.errors import ArtifactError
+from qnn_common.errors import ArtifactError, PipelineError
 from qnn_common.manifest import Manifest
+from qnn_common.recipes import Recipe
+from qnn_common.target import Target
 
 # File names inside artifact directories.
 PROGRAM = "program.pt2"  # a torch.export ExportedProgram (fp32 or PT2E-quantized)
@@ -116,3 +118,30 @@ class InferOutput:
     @property
     def accuracy(self) -> dict[str, Any]:
         return dict(self.manifest.metrics.get("accuracy", {}))
+
+
+# --- typed accessors for facts that cross stages ------------------------------------------------
+# A downstream stage learns what an upstream artifact was made for through these, never by reading
+# another stage's config keys itself.
+
+
+def _made_for(source: Path, manifest: Manifest, stage: str) -> tuple[Target, Recipe]:
+    if manifest.stage != stage:
+        raise ArtifactError(source, f"is a {manifest.stage} artifact, not a {stage} artifact")
+    cfg = manifest.config
+    try:
+        return Target.parse(str(cfg["backend"]), cfg.get("soc")), Recipe(cfg["recipe"])
+    except (KeyError, ValueError, PipelineError) as err:
+        raise ArtifactError(
+            source, f"its manifest does not record a valid target and recipe ({err})"
+        ) from None
+
+
+def quantized_for(source: Path, manifest: Manifest) -> tuple[Target, Recipe]:
+    """The target and recipe the quantize artifact at `source` was quantized for."""
+    return _made_for(source, manifest, "quantize")
+
+
+def compiled_for(source: Path, manifest: Manifest) -> tuple[Target, Recipe]:
+    """The target and recipe the compile artifact at `source` was built for."""
+    return _made_for(source, manifest, "compile")

@@ -25,6 +25,7 @@ from qnn_common.manifest import (
     sha256_file,
     write_manifest,
 )
+from qnn_common.recipes import Backend
 from qnn_common.stages import (
     ETRECORD,
     EVAL_INPUTS,
@@ -34,8 +35,10 @@ from qnn_common.stages import (
     REFERENCE_FP32,
     CompileInput,
     CompileOutput,
+    quantized_for,
 )
 from qnn_common.tensorio import load_program
+from qnn_compile.backends import lowering_for
 from qnn_compile.lower import lower_program
 
 PACKAGE = "qnn-compile"
@@ -50,47 +53,64 @@ def _source(inp: CompileInput) -> tuple[Path, Manifest | None, dict[str, str]]:
     return inp.source, None, {"program": sha256_file(inp.source)}
 
 
+def _toolchain_digests(cfg: CompileConfig) -> dict[str, str]:
+    """Tools outside the Python stack that shape the .pte: for QNN, the SDK that compiles it."""
+    if cfg.backend is not Backend.QNN:
+        return {}
+    from qnn_common.qnn_sdk import find_qnn_sdk
+
+    sdk = find_qnn_sdk()
+    return {"qnn_sdk": f"{sdk.qnn_version}|{sdk.build_id}|bridged={sdk.bridged}"}
+
+
 def compile_cache_key(inp: CompileInput) -> str:
     _, _, digests = _source(inp)
+    digests = {**digests, **_toolchain_digests(inp.config)}
     return cache_key(Stage.COMPILE, inp.config, digests, code_version(qnn_compile))
 
 
-def _check_matches_upstream(cfg: CompileConfig, upstream: Manifest | None) -> None:
-    """The recipe compile is told must be the one the program carries."""
+def _check_matches_upstream(source: Path, cfg: CompileConfig, upstream: Manifest | None) -> None:
+    """The target and recipe compile is told must be the ones the program was quantized for."""
     if upstream is None:  # a bare .pt2: nothing recorded to check against
         return
     if upstream.stage == Stage.PREPARE:
         if cfg.recipe.is_quantized:
             raise ConfigValidationError(
                 "compile.recipe", cfg.recipe.value,
-                "the source is a float (prepared) program; quantize it first, or compile fp32",
+                "the source is a float (prepared) program; quantize it first, or compile "
+                + ("fp16" if cfg.backend is Backend.QNN else "fp32"),
             )
         return
-    q = upstream.config
-    if q.get("backend") != cfg.backend.value or q.get("recipe") != cfg.recipe.value:
+    target, recipe = quantized_for(source, upstream)
+    if target != cfg.target or recipe is not cfg.recipe:
+        soc = f" --soc {target.soc.name}" if target.soc is not None else ""
         raise ConfigValidationError(
-            "compile", f"{cfg.backend.value}/{cfg.recipe.value}",
-            f"the program was quantized for {q.get('backend')}/{q.get('recipe')}; "
-            f"compile with --backend {q.get('backend')} --recipe {q.get('recipe')}",
+            "compile", f"{cfg.target}/{cfg.recipe.value}",
+            f"the program was quantized for {target}/{recipe.value}; compile it with "
+            f"--backend {target.backend.value}{soc} --recipe {recipe.value}, or quantize again",
         )
 
 
 def run_compile(inp: CompileInput) -> CompileOutput:
-    """Lower to ExecuTorch for `inp.config.backend` and write model.pte (+ ETRecord)."""
+    """Lower to ExecuTorch for `inp.config`'s target and write model.pte (+ ETRecord)."""
     cfg = inp.config
     program_path, upstream, digests = _source(inp)
-    _check_matches_upstream(cfg, upstream)
+    _check_matches_upstream(inp.source, cfg, upstream)
+    # The backend's lowering is built before any output is written: a missing SDK or an unknown
+    # chipset is a clear error with nothing left behind.
+    lowering = lowering_for(cfg)
+    digests = {**digests, **_toolchain_digests(cfg)}
     program = load_program(program_path)
     out = begin_artifact(inp.out_dir)
 
     t = time.perf_counter()
     etrecord = out / ETRECORD if cfg.etrecord else None
-    lowered = lower_program(program, cfg.backend, etrecord_path=etrecord)
+    lowered = lower_program(program, lowering, etrecord_path=etrecord)
     seconds = time.perf_counter() - t
     atomic_write_bytes(out / PTE, lowered.pte)
     log.info(
         "lowered for %s in %.1f s: %d ops delegated, %d not, %d partition(s), %d bytes",
-        cfg.backend, seconds, lowered.delegated_ops, lowered.non_delegated_ops,
+        cfg.target, seconds, lowered.delegated_ops, lowered.non_delegated_ops,
         lowered.partitions, len(lowered.pte),
     )
 
@@ -114,11 +134,13 @@ def run_compile(inp: CompileInput) -> CompileOutput:
         timings={"lower_s": round(seconds, 3)},
         metrics={
             "model": upstream.metrics.get("model") if upstream else program_path.name,
+            "target": dict(lowering.record),
             "pte_bytes": len(lowered.pte),
             "delegated_ops": lowered.delegated_ops,
             "non_delegated_ops": lowered.non_delegated_ops,
             "partitions": lowered.partitions,
             "non_delegated_op_counts": lowered.op_counts,
         },
+        extra_tools=lowering.tools,
     )
     return CompileOutput(out, manifest)

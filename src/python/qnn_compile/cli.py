@@ -8,7 +8,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from qnn_common.cli_support import add_logging_args, run_cli, setup_logging
-from qnn_common.config import CompileConfig, Stage
+from qnn_common.config import (
+    DEFAULT_HTP_PERFORMANCE_MODE,
+    HTP_PERFORMANCE_MODES,
+    CompileConfig,
+    Stage,
+)
 from qnn_common.manifest import MANIFEST_NAME
 from qnn_common.recipes import Backend, Recipe, parse_enum
 from qnn_common.stages import CompileInput
@@ -27,7 +32,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"{', '.join(b.value for b in Backend)} (default: %(default)s)")
     p.add_argument("--recipe", help="precision the program carries (default: the quantize "
                    "artifact's recipe, else fp32; fp16 on qnn)")
-    p.add_argument("--soc", help="target SoC (qnn backend), e.g. SM8650")
+    p.add_argument("--soc", help="target SoC (qnn backend), e.g. SM8650; the HTP arch and VTCM "
+                   "size come from the SoC table")
+    p.add_argument("--htp-performance-mode", default=DEFAULT_HTP_PERFORMANCE_MODE,
+                   choices=HTP_PERFORMANCE_MODES, metavar="MODE",
+                   help="qnn: the HTP power / clock vote built into the program "
+                   f"({', '.join(HTP_PERFORMANCE_MODES)}; default: %(default)s)")
     p.add_argument("--etrecord", action="store_true", help="also write an ETRecord for devtools")
     add_logging_args(p)
     return p
@@ -53,7 +63,8 @@ def _main(argv: Sequence[str] | None) -> int:
         if args.recipe is not None
         else _default_recipe(args.source, backend)
     )
-    config = CompileConfig(backend=backend, recipe=recipe, soc=args.soc, etrecord=args.etrecord)
+    config = CompileConfig(backend=backend, recipe=recipe, soc=args.soc, etrecord=args.etrecord,
+                           htp_performance_mode=args.htp_performance_mode)
     from qnn_compile.api import run_compile  # torch is imported only past argument checks
 
     result = run_compile(CompileInput(source=args.source, config=config, out_dir=args.out))

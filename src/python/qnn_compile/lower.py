@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import importlib
+import logging
 import operator
 import re
 from dataclasses import dataclass
@@ -20,11 +21,14 @@ import torch
 import torch.fx
 
 from qnn_common.config import Stage
-from qnn_common.errors import BackendNotAvailableError, StageError
+from qnn_common.errors import StageError
 from qnn_common.manifest import atomic_path
 from qnn_common.recipes import Backend
+from qnn_compile.backends import BackendLowering
+from qnn_compile.native_log import NativeLog
 
 _STAGE = Stage.COMPILE
+log = logging.getLogger(__name__)
 
 # Top-level nodes that are plumbing around a delegate, not operators run outside it.
 _DELEGATE_CALL = "executorch_call_delegate"
@@ -62,21 +66,20 @@ class LoweredProgram:
 
 def lower_program(
     ep: torch.export.ExportedProgram,
-    backend: Backend,
+    lowering: BackendLowering,
     *,
     etrecord_path: Path | None = None,
 ) -> LoweredProgram:
-    """Lower `ep` for `backend` and serialize it to .pte bytes.
+    """Lower `ep` with a backend's `lowering` (see `qnn_compile.backends`) to .pte bytes.
 
     With `etrecord_path`, also write an ETRecord there (the exported, edge and ExecuTorch graphs
     plus debug handles) so devtools' Inspector can map ETDump events back to source ops.
 
     Raises:
-        BackendNotAvailableError: `backend` is qnn, whose compile path is not wired up yet.
         StageError: lowering or serialization failed; the message names the failing operator when
-            the upstream error does, and the upstream exception is chained.
+            the upstream error does (and, for QNN, the library's own error lines), and the
+            upstream exception is chained.
     """
-    partitioners = _partitioners_for(backend)
     # Imported here so that importing this module (e.g. to read LoweredProgram) stays cheap.
     # The kernels import registers out variants of the quantized_decomposed q/dq ops: without it a
     # PT2E graph whose q/dq nodes stay outside a delegate (all of them, for portable) cannot be
@@ -84,21 +87,45 @@ def lower_program(
     importlib.import_module("executorch.kernels.quantized")  # imported for its side effect
     from executorch.exir import to_edge_transform_and_lower
 
+    recipe = lowering.recipe
+    backend = lowering.target.backend
     want_etrecord = etrecord_path is not None
+    native = NativeLog()
     try:
-        edge = to_edge_transform_and_lower(
-            ep, partitioner=partitioners, generate_etrecord=want_etrecord
-        )
+        with native.capture(), lowering.context():
+            for aten_pass in lowering.aten_passes:
+                ep = aten_pass(ep)
+            transform_passes = None
+            if recipe.edge_transform_passes:
+                transform_passes = [
+                    p for make in recipe.edge_transform_passes for p in make("forward", ep)
+                ]
+            edge = to_edge_transform_and_lower(
+                ep,
+                transform_passes=transform_passes,
+                partitioner=recipe.partitioners or [],
+                compile_config=recipe.edge_compile_config,
+                generate_etrecord=want_etrecord,
+            )
     except Exception as exc:  # exir raises many unrelated types; each becomes one StageError
-        raise _stage_error(f"lowering for {backend.value} failed", exc) from exc
+        raise _stage_error(f"lowering for {backend.value} failed", exc, native) from exc
 
     delegated, partitions, outside = _count_ops(edge.exported_program().graph_module)
+    if outside and lowering.expect_full_delegation:
+        said = native.errors()
+        log.warning(
+            "%s refused %d op(s), which run on the portable CPU kernels instead: %s%s",
+            backend.value, sum(outside.values()),
+            ", ".join(f"{name} x{n}" for name, n in sorted(outside.items())),
+            ("; the backend said:\n  " + "\n  ".join(said[-10:])) if said else "",
+        )
 
     try:
-        et_program = edge.to_executorch()
-        pte = bytes(et_program.buffer)
+        with native.capture():
+            et_program = edge.to_executorch(lowering.executorch_config)
+            pte = bytes(et_program.buffer)
     except Exception as exc:  # as above: named, chained, with the failing op if known
-        raise _stage_error(f"serializing the {backend.value} program failed", exc) from exc
+        raise _stage_error(f"serializing the {backend.value} program failed", exc, native) from exc
 
     if etrecord_path is not None:
         try:
@@ -118,23 +145,6 @@ def lower_program(
         partitions=partitions,
         op_counts=dict(sorted(outside.items())),
     )
-
-
-def _partitioners_for(backend: Backend) -> list[Any]:
-    if backend is Backend.XNNPACK:
-        from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
-
-        return [XnnpackPartitioner()]
-    if backend is Backend.PORTABLE:
-        return []
-    if backend is Backend.QNN:
-        raise BackendNotAvailableError(
-            "compiling for the qnn backend needs the Qualcomm QNN HTP libraries "
-            "($QNN_SDK_ROOT/lib/x86_64-linux-clang/libQnnHtp.so, with QNN_SDK_ROOT set) and the "
-            "QNN compile path is not wired up in qnn_compile yet (a later issue brings it); "
-            "use backend xnnpack or portable for now"
-        )
-    raise BackendNotAvailableError(f"no lowering path for backend {backend!r}")
 
 
 def _count_ops(gm: torch.fx.GraphModule) -> tuple[int, int, collections.Counter[str]]:
@@ -193,12 +203,14 @@ def op_name(target: object) -> str:
     return name if isinstance(name, str) else str(target)
 
 
-def _stage_error(what: str, exc: BaseException) -> StageError:
-    failing = _find_op_name(exc)
+def _stage_error(what: str, exc: BaseException, native: NativeLog | None = None) -> StageError:
+    failing = _find_op_name(exc) or (native.last_visited() if native else None)
     where = f" at operator {failing}" if failing else ""
     detail = str(exc).strip().splitlines()
     first = detail[0] if detail else type(exc).__name__
-    return StageError(_STAGE, f"{what}{where}: {type(exc).__name__}: {first}", exc)
+    said = native.errors() if native else []
+    backend_said = ("; the backend said: " + " | ".join(said[-5:])) if said else ""
+    return StageError(_STAGE, f"{what}{where}: {type(exc).__name__}: {first}{backend_said}", exc)
 
 
 def _find_op_name(exc: BaseException) -> str | None:

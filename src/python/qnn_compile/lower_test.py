@@ -13,9 +13,21 @@ from pathlib import Path
 import pytest
 import torch
 
-from qnn_common.errors import BackendNotAvailableError, StageError
+from qnn_common.config import CompileConfig
+from qnn_common.errors import StageError
 from qnn_common.recipes import Backend, Recipe
+from qnn_compile.backends import lowering_for
 from qnn_compile.lower import LoweredProgram, lower_program, op_name
+
+
+def _lower(
+    ep: torch.export.ExportedProgram,
+    backend: Backend,
+    recipe: Recipe = Recipe.FP32,
+    etrecord_path: Path | None = None,
+) -> LoweredProgram:
+    lowering = lowering_for(CompileConfig(backend=backend, recipe=recipe))
+    return lower_program(ep, lowering, etrecord_path=etrecord_path)
 
 
 class TinyConvNet(torch.nn.Module):
@@ -95,7 +107,7 @@ class _LazyLowered(dict[tuple[Recipe, Backend], LoweredProgram]):
 
     def __missing__(self, key: tuple[Recipe, Backend]) -> LoweredProgram:
         recipe, backend = key
-        value = lower_program(_exported(recipe, self._pt2_dir), backend)
+        value = _lower(_exported(recipe, self._pt2_dir), backend, recipe)
         self[key] = value
         return value
 
@@ -174,28 +186,22 @@ def test_quantized_xnnpack_delegates_more_nodes_than_fp32(
 def test_lowering_leaves_the_input_program_unchanged(pt2_dir: Path) -> None:
     ep = _exported(Recipe.FP32, pt2_dir)
     before = [str(n.target) for n in ep.graph.nodes]
-    first = lower_program(ep, Backend.PORTABLE)
+    first = _lower(ep, Backend.PORTABLE)
     assert [str(n.target) for n in ep.graph.nodes] == before
-    assert lower_program(ep, Backend.PORTABLE).op_counts == first.op_counts
+    assert _lower(ep, Backend.PORTABLE).op_counts == first.op_counts
 
 
 def test_etrecord_is_written(pt2_dir: Path, tmp_path: Path) -> None:
     from executorch.devtools.etrecord import parse_etrecord
 
     path = tmp_path / "sub" / "etrecord.bin"
-    program = lower_program(_exported(Recipe.FP32, pt2_dir), Backend.XNNPACK, etrecord_path=path)
+    program = _lower(_exported(Recipe.FP32, pt2_dir), Backend.XNNPACK, etrecord_path=path)
     assert program.delegated_ops > 0
     assert zipfile.is_zipfile(path)
     record = parse_etrecord(str(path))
     assert record.edge_dialect_program is not None
     assert record._debug_handle_map  # what Inspector needs to map ETDump events to ops
     assert not list(path.parent.glob(".*.tmp"))
-
-
-def test_qnn_is_not_available_yet(pt2_dir: Path) -> None:
-    with pytest.raises(BackendNotAvailableError, match="QNN_SDK_ROOT") as info:
-        lower_program(_exported(Recipe.FP32, pt2_dir), Backend.QNN)
-    assert "libQnnHtp.so" in str(info.value)
 
 
 @torch.library.custom_op("qnn_lower_test::twice", mutates_args=())
@@ -235,7 +241,7 @@ def test_lowering_failure_names_the_op(
 ) -> None:
     ep = torch.export.export(module, (torch.rand(2, 3),), strict=False)
     with pytest.raises(StageError) as info:
-        lower_program(ep, backend)
+        _lower(ep, backend)
     err = info.value
     assert err.stage == "compile"
     assert f"{when} " in str(err)

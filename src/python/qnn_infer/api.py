@@ -31,9 +31,12 @@ from qnn_common.stages import (
     REFERENCE_FP32,
     InferInput,
     InferOutput,
+    compiled_for,
 )
 from qnn_common.tensorio import Sample, load_samples, save_samples
-from qnn_infer.runner import HostRunner, measure_latency
+from qnn_infer.device import device_runner
+from qnn_infer.runner import HostRunner, Runner, measure_latency
+from qnn_infer.runtimes import delegates_in, prepare_runtime
 
 PACKAGE = "qnn-infer"
 log = logging.getLogger(__name__)
@@ -94,17 +97,30 @@ def run_infer(inp: InferInput) -> InferOutput:
             "(a tensor, a tuple of tensors, or a list of those, saved with torch.save)",
         )
 
+    arch = None
+    if upstream is not None:
+        target, _ = compiled_for(inp.source, upstream)
+        backends = {target.backend}
+        arch = target.soc.htp_arch if target.soc is not None else None
+    else:
+        backends = delegates_in(pte)
+    runtime = prepare_runtime(backends)
+
     out = begin_artifact(inp.out_dir)
     etdump = out / ETDUMP if cfg.etdump else None
-    # Event tracing is switched on at load time; it also traces (and slows) the timed runs.
-    runner = HostRunner(pte, example_inputs=inputs[0], etdump_path=etdump)
+    runner: Runner
+    if cfg.device is not None:
+        runner = device_runner(pte, cfg, backends, runtime, arch)
+    else:
+        # Event tracing is switched on at load time; it also traces (and slows) the timed runs.
+        runner = HostRunner(pte, example_inputs=inputs[0], etdump_path=etdump)
     t = time.perf_counter()
     outputs = [runner.run(sample) for sample in inputs]
     run_s = time.perf_counter() - t
     latency = measure_latency(runner, inputs[0], warmup=cfg.warmup, runs=cfg.runs)
     log.info("ran %d sample(s); p50 %.3f ms, p90 %.3f ms", len(inputs),
              latency["p50_ms"], latency["p90_ms"])
-    if etdump is not None:
+    if etdump is not None and isinstance(runner, HostRunner):
         runner.write_etdump(etdump)
     save_samples(out / OUTPUTS, outputs)
 
@@ -125,9 +141,11 @@ def run_infer(inp: InferInput) -> InferOutput:
         files=files,
         cache_key=cache_key(Stage.INFER, cfg, digests, code_version(qnn_infer)),
         timings={"run_s": round(run_s, 3)},
+        extra_tools=runtime.tools,
         metrics={
             "model": upstream.metrics.get("model") if upstream else Path(pte).name,
             "runner": runner.name,
+            **({"runtime": runtime.record} if runtime.record else {}),
             "samples": len(inputs),
             "latency_ms": {k.removesuffix("_ms"): v for k, v in latency.items()},
             "accuracy": accuracy,

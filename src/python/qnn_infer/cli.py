@@ -16,7 +16,8 @@ from qnn_common.stages import InferInput
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="qnn-infer",
-        description="Run an ExecuTorch program on the host runtime. SOURCE is a compile "
+        description="Run an ExecuTorch program on the host runtime (QNN programs on the x86 HTP "
+        "emulator) or an Android device. SOURCE is a compile "
         "artifact directory (its eval inputs and fp32 / fake-quant references come along) or "
         "any .pte file (then pass --inputs).",
     )
@@ -28,6 +29,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=3, help="untimed runs first (default: 3)")
     p.add_argument("--runs", type=int, default=20, help="timed runs (default: 20)")
     p.add_argument("--etdump", action="store_true", help="write an ETDump profile")
+    p.add_argument("--device", metavar="SERIAL",
+                   help="run on an Android device over adb (its serial, or 'auto' for the only "
+                   "one) instead of the host; QNN programs also need QNN_SDK_ROOT")
+    p.add_argument("--device-runner", type=Path, metavar="BINARY",
+                   help="the executor runner built for Android arm64 (e.g. qnn_executor_runner)")
     add_logging_args(p)
     return p
 
@@ -36,7 +42,8 @@ def _main(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging(args.verbose, args.quiet)
     config = InferConfig(warmup=args.warmup, runs=args.runs, inputs_file=args.inputs,
-                         etdump=args.etdump)
+                         etdump=args.etdump, device=args.device,
+                         device_runner=args.device_runner)
     from qnn_infer.api import run_infer  # torch is imported only past argument checks
 
     result = run_infer(InferInput(source=args.source, config=config, out_dir=args.out))

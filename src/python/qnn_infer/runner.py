@@ -287,8 +287,9 @@ class HostRunner:
         if "QnnBackend" in backends:
             return BackendNotAvailableError(
                 f"{self.pte_path} holds a QNN delegate and the QNN backend failed to start "
-                f"({exc}); it needs libQnnHtp.so and libQnnSystem.so on LD_LIBRARY_PATH, "
-                "from the QNN SDK version the program was compiled with"
+                f"({exc}); it needs the QNN libraries loaded first: qnn-infer does that, and "
+                "library callers call qnn_infer.runtimes.prepare_runtime({Backend.QNN}) (the "
+                "SDK from QNN_SDK_ROOT, or the project's x86 development SDK)"
             )
         return ArtifactError(self.pte_path, f"loading method {self.method_name!r} failed: {exc}")
 

@@ -456,3 +456,47 @@ def test_device_runner_reports_device_state(
     assert "adb binary" not in str(info.value)
     assert "executor runner" not in str(info.value)
     assert os.access(adb, os.X_OK)
+
+
+def _logging_adb(tmp_path: Path, log: Path) -> Path:
+    """An adb stand-in: one device, records every call, and 'pulls' zero-filled outputs."""
+    adb = tmp_path / "adb"
+    adb.write_text(
+        "#!/bin/sh\n"
+        f'echo "$@" >> {log}\n'
+        'case "$1" in devices) printf "List of devices attached\\nR58M123\\tdevice\\n\\n";;\n'
+        "esac\n"
+        'if [ "$3" = pull ]; then\n'
+        '  case "$4" in *output_0_0.raw) n=16;; *) n=32;; esac\n'  # TinyNet: (1,4), (1,8) f32
+        '  head -c $n /dev/zero > "$5"\n'
+        "fi\n"
+    )
+    adb.chmod(adb.stat().st_mode | stat.S_IXUSR)
+    return adb
+
+
+def test_device_runner_commands(fp32_pte: Path, tmp_path: Path) -> None:
+    log = tmp_path / "adb.log"
+    lib = tmp_path / "libQnnHtp.so"
+    lib.write_bytes(b"\0")
+    runner = DeviceRunner(fp32_pte, runner_binary=_arm64_elf(tmp_path),
+                          adb=str(_logging_adb(tmp_path, log)), device_libs=[lib])
+    assert runner.name == "device:R58M123"
+    outputs = runner.run(_inputs())
+    assert [tuple(o.shape) for o in outputs] == [(1, 4), (1, 8)]
+    calls = log.read_text().splitlines()
+    d = "/data/local/tmp/qnn_pipeline"
+    assert calls[0] == "devices"
+    assert f"-s R58M123 push {fp32_pte} {d}/model.pte" in calls
+    assert f"-s R58M123 push {lib} {d}/libQnnHtp.so" in calls
+    assert f"-s R58M123 shell chmod 755 {d}/qnn_executor_runner" in calls
+    (run,) = (c for c in calls if "--model_path" in c)
+    assert f"LD_LIBRARY_PATH={d} ADSP_LIBRARY_PATH={d}" in run
+    assert "./qnn_executor_runner --model_path model.pte --input_list_path input_list.txt " \
+        "--output_folder_path outputs" in run
+    assert calls[-2:] == [
+        f"-s R58M123 pull {d}/outputs/output_0_0.raw {tmp_path}/output_0_0.raw".replace(
+            f"{tmp_path}/", calls[-2].split()[-1].rsplit("/", 1)[0] + "/"
+        ),
+        calls[-1],
+    ]

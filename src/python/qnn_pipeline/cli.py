@@ -9,7 +9,13 @@ from pathlib import Path
 from typing import Any
 
 from qnn_common.cli_support import add_logging_args, run_cli, setup_logging
-from qnn_common.config import PipelineContext, Stage, load_pipeline_toml, pipeline_from_mapping
+from qnn_common.config import (
+    HTP_PERFORMANCE_MODES,
+    PipelineContext,
+    Stage,
+    load_pipeline_toml,
+    pipeline_from_mapping,
+)
 from qnn_common.manifest import MANIFEST_NAME, load_manifest
 from qnn_common.recipes import Backend, Recipe
 from qnn_common.soc import soc_names
@@ -40,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="default: xnnpack")
     p.add_argument("--recipe", choices=[r.value for r in Recipe],
                    help="default: 8a8w (fp32 / fp16 with --skip quantize)")
-    p.add_argument("--soc", help="target SoC for the qnn backend, e.g. SM8650")
+    p.add_argument("--soc", help="target SoC for the qnn backend, e.g. SM8650 (see --list-socs)")
     p.add_argument("--out", type=Path, help="output directory (default: out)")
     p.add_argument("--skip", action="append", choices=[Stage.QUANTIZE.value, Stage.INFER.value],
                    help="skip a stage (repeatable)")
@@ -52,6 +58,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seq-len", type=int, help="token length for text models (default: 128)")
     p.add_argument("--calibration-samples", type=int, help="default: 16")
     p.add_argument("--runs", type=int, help="timed inference runs (default: 20)")
+    p.add_argument("--htp-performance-mode", choices=HTP_PERFORMANCE_MODES, metavar="MODE",
+                   help=f"qnn: {', '.join(HTP_PERFORMANCE_MODES)} (default: burst)")
+    p.add_argument("--device", metavar="SERIAL",
+                   help="infer on an Android device over adb (serial or 'auto') instead of the "
+                   "host; QNN programs run on the host's x86 HTP emulator otherwise")
+    p.add_argument("--device-runner", type=Path, metavar="BINARY",
+                   help="the executor runner built for Android arm64, for --device")
     add_logging_args(p)
     return p
 
@@ -80,7 +93,9 @@ def context_from_args(args: argparse.Namespace) -> PipelineContext:
             "force": args.force or None,
         },
         "prepare": {"seq_len": args.seq_len, "calibration_samples": args.calibration_samples},
-        "infer": {"runs": args.runs},
+        "compile": {"htp_performance_mode": args.htp_performance_mode},
+        "infer": {"runs": args.runs, "device": args.device,
+                  "device_runner": None if args.device_runner is None else str(args.device_runner)},
     }
     if args.config is not None:
         return load_pipeline_toml(args.config, overrides)

@@ -20,6 +20,8 @@ from typing import Any, Literal
 from qnn_common.config import PipelineContext, QuantizeConfig, Stage
 from qnn_common.errors import ArtifactError, ConfigValidationError, PipelineError, StageError
 from qnn_common.manifest import MANIFEST_NAME, Manifest, atomic_write_text, load_manifest
+from qnn_common.qnn_sdk import check_compatible, find_qnn_sdk
+from qnn_common.recipes import Backend
 from qnn_common.stages import (
     CompileInput,
     InferInput,
@@ -132,6 +134,12 @@ def _cached(out_dir: Path, stage: Stage, key: str) -> Manifest | None:
 def run_pipeline(ctx: PipelineContext, *, from_artifact: Path | None = None) -> PipelineResult:
     """Run the stages `ctx` asks for and write `ctx.out_dir/summary.json`."""
     first = start_of(from_artifact) if from_artifact is not None else Stage.PREPARE
+    if ctx.backend is Backend.QNN:
+        # Before any stage runs: a missing or skewed QNN SDK must not cost a prepare + quantize.
+        sdk = find_qnn_sdk()
+        check_compatible(sdk)
+        log.info("QNN %s at %s%s", sdk.qnn_version, sdk.root,
+                 " (x86 dev SDK, bridged)" if sdk.bridged else "")
     source = from_artifact
     records: list[StageRecord] = []
     manifests: dict[Stage, Manifest] = {}
@@ -186,6 +194,7 @@ def build_summary(
         "backend": ctx.backend.value,
         "recipe": ctx.recipe.value,
         "soc": ctx.soc,
+        "target": metric(Stage.COMPILE, "target"),
         "stages": [
             {
                 "name": r.stage.value,

@@ -60,15 +60,14 @@ def run_quantize(inp: QuantizeInput) -> QuantizeOutput:
     t = time.perf_counter()
     quantized = quantize_program(
         program,
-        backend=cfg.backend,
+        target=cfg.target,
         recipe=cfg.recipe,
         calibration=calibration,
         per_channel=cfg.per_channel,
-        soc=cfg.soc_info,
         keep_float=cfg.keep_float,
     )
     timings["quantize_s"] = time.perf_counter() - t
-    log.info("quantized to %s for %s in %.1f s", cfg.recipe, cfg.backend, timings["quantize_s"])
+    log.info("quantized to %s for %s in %.1f s", cfg.recipe, cfg.target, timings["quantize_s"])
 
     t = time.perf_counter()
     report = accuracy_report(program, quantized, eval_inputs, top_k=cfg.report_layers)

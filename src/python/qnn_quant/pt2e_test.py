@@ -10,6 +10,7 @@ from torch.export import ExportedProgram
 from qnn_common.errors import ConfigValidationError
 from qnn_common.metrics import cosine
 from qnn_common.recipes import Backend, Recipe
+from qnn_common.target import Target
 from qnn_common.tensorio import Sample
 from qnn_quant.pt2e import quantize_program
 from qnn_quant.report import accuracy_report
@@ -34,7 +35,7 @@ def programs() -> Programs:
     torch.manual_seed(1126)
     fp32 = torch.export.export(_Mlp().eval(), (torch.randn(4, 16),), strict=False)
     calibration: list[Sample] = [(torch.randn(4, 16),) for _ in range(8)]
-    quantized = quantize_program(fp32, backend=Backend.XNNPACK, recipe=Recipe.A8W8,
+    quantized = quantize_program(fp32, target=Target(Backend.XNNPACK), recipe=Recipe.A8W8,
                                  calibration=calibration, progress=False)
     held_out: list[Sample] = [(torch.randn(4, 16),) for _ in range(3)]
     return fp32, quantized, held_out
@@ -64,5 +65,5 @@ def test_report_names_layers_and_outputs(programs: Programs) -> None:
 def test_recipes_xnnpack_cannot_run(programs: Programs, recipe: Recipe) -> None:
     fp32, _, held_out = programs
     with pytest.raises(ConfigValidationError):
-        quantize_program(fp32, backend=Backend.XNNPACK, recipe=recipe, calibration=held_out,
+        quantize_program(fp32, target=Target(Backend.XNNPACK), recipe=recipe, calibration=held_out,
                          progress=False)

@@ -1,0 +1,129 @@
+"""Qualcomm QNN HTP: an ahead-of-time compiled context binary for one SoC, inside the .pte.
+
+The lowering mirrors executorch's `QNNRecipeProvider` / `to_edge_transform_and_lower_to_qnn`:
+the QNN pass manager's export-pipeline passes on the ATen program, its edge transform passes,
+`qnn_edge_config()`, a `QnnPartitioner` with HTP compile specs for the SoC (arch and VTCM come
+from ExecuTorch's own table, keyed by the chipset id our SoC table carries), the whole of it inside
+a `QnnManagerContext`, and serialization with graph inputs / outputs memory-planned and segments
+aligned as the QNN runtime expects. Before any of that, the QNN SDK is found (QNN_SDK_ROOT, or the
+project's x86 development SDK), checked for version skew, and activated in this process.
+
+executorch 1.5.1 exposes no HTP graph optimization level from Python (its C++ side runs level 3);
+the performance mode is exposed, as `CompileConfig.htp_performance_mode`.
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from typing import Any
+
+from torch.export import ExportedProgram
+
+from qnn_common.config import HTP_PERFORMANCE_MODES, CompileConfig
+from qnn_common.errors import ConfigValidationError
+from qnn_common.qnn_sdk import activate, check_compatible, find_qnn_sdk
+from qnn_common.recipes import Recipe
+from qnn_compile.backends import BackendLowering
+
+
+_POOLS = ("max_pool2d", "max_pool2d_with_indices", "avg_pool2d")
+
+
+def explicit_pool_strides(ep: ExportedProgram) -> ExportedProgram:
+    """Spell out pooling strides that export leaves at their default (the kernel size).
+
+    ExecuTorch 1.5.1's QNN op builders read `node.args[2]` unconditionally: `max_pool2d(x, 2)`
+    makes the partitioner crash with `IndexError: tuple index out of range` instead of lowering.
+    PyTorch's default stride (None or []) means "the kernel size", so filling it in changes nothing.
+    """
+    for node in ep.graph_module.graph.nodes:
+        name = getattr(node.target, "__name__", "")
+        if node.op != "call_function" or name.split(".")[0] not in _POOLS:
+            continue
+        args = list(node.args)
+        if len(args) == 2:
+            args.append(args[1])
+        elif len(args) > 2 and not args[2]:
+            args[2] = args[1]
+        node.args = tuple(args)
+    ep.graph_module.recompile()
+    return ep
+
+
+def lowering(config: CompileConfig) -> BackendLowering:
+    """HTP lowering for `config.target.soc` at `config.recipe` (fp16 or a quantized recipe)."""
+    soc = config.target.soc
+    assert soc is not None  # Target guarantees a SoC for qnn
+    sdk = find_qnn_sdk()
+    check_compatible(sdk)
+    activate(sdk)
+
+    from executorch.backends.qualcomm._passes.qnn_pass_manager import get_qnn_pass_manager_cls
+    from executorch.backends.qualcomm.partition.qnn_partitioner import QnnPartitioner
+    from executorch.backends.qualcomm.serialization.qc_schema import (
+        QcomChipset,
+        QnnExecuTorchBackendType,
+        QnnExecuTorchHtpPerformanceMode,
+    )
+    from executorch.backends.qualcomm.utils.qnn_manager_lifecycle import QnnManagerContext
+    from executorch.backends.qualcomm.utils.utils import (
+        generate_htp_compiler_spec,
+        generate_qnn_executorch_compiler_spec,
+        get_qnn_context_binary_alignment,
+        qnn_edge_config,
+    )
+    from executorch.exir import ExecutorchBackendConfig
+    from executorch.exir.passes.memory_planning_pass import MemoryPlanningPass
+    from executorch.export import LoweringRecipe
+
+    try:
+        chipset = QcomChipset(soc.chipset_id)
+    except ValueError as err:
+        raise ConfigValidationError(
+            "compile.soc", soc.name,
+            f"this executorch build has no QcomChipset {soc.chipset_id}; upgrade executorch",
+        ) from err
+    mode = QnnExecuTorchHtpPerformanceMode(HTP_PERFORMANCE_MODES.index(config.htp_performance_mode))
+    specs = generate_qnn_executorch_compiler_spec(
+        soc_model=chipset,
+        backend_options=generate_htp_compiler_spec(
+            use_fp16=config.recipe is Recipe.FP16, htp_performance_mode=mode
+        ),
+    )
+    pass_manager_cls: Any = get_qnn_pass_manager_cls(QnnExecuTorchBackendType.kHtpBackend)
+
+    def edge_passes(method: str, ep: Any) -> Any:
+        return pass_manager_cls().get_to_edge_transform_passes(ep, compiler_specs=specs)
+
+    def export_passes(ep: Any) -> Any:
+        # Upstream runs these on the ATen program (LiftConstantScalarOperands and friends) so the
+        # op builders find lifted constants; at the edge they would run too late.
+        return pass_manager_cls().transform_for_export_pipeline(explicit_pool_strides(ep))
+
+    def context() -> AbstractContextManager[None]:
+        # The partitioner's op validation asks the active QnnManager; without one it makes its own.
+        return QnnManagerContext({"forward": specs})  # type: ignore[no-any-return]
+
+    return BackendLowering(
+        target=config.target,
+        recipe=LoweringRecipe(
+            partitioners=[QnnPartitioner(specs)],
+            edge_transform_passes=[edge_passes],
+            edge_compile_config=qnn_edge_config(),
+        ),
+        aten_passes=(export_passes,),
+        executorch_config=ExecutorchBackendConfig(
+            memory_planning_pass=MemoryPlanningPass(
+                alloc_graph_input=True, alloc_graph_output=True
+            ),
+            segment_alignment=get_qnn_context_binary_alignment(),
+        ),
+        context=context,
+        expect_full_delegation=True,
+        tools={"qnn": sdk.qnn_version, "qnn_bridge": "yes" if sdk.bridged else "no"},
+        record={
+            **config.target.record(),
+            "htp_performance_mode": config.htp_performance_mode,
+            "qnn_sdk": sdk.record(),
+        },
+    )

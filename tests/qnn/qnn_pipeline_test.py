@@ -1,0 +1,130 @@
+"""The QNN HTP backend end to end: prepare -> quantize -> compile for a SoC -> run on the emulator.
+
+Nothing is mocked: real PT2E quantization with QnnQuantizer, real HTP context binaries built by
+the QNN 2.51 x86 libraries (through the project's development SDK and its compatibility bridge),
+and the .pte executed in-process by the ExecuTorch runtime on the x86 HTP emulator.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from qnn_common.config import PipelineContext, Stage
+from qnn_common.errors import BackendNotAvailableError, ConfigValidationError
+from qnn_common.manifest import load_manifest
+from qnn_common.recipes import Backend, Recipe
+from qnn_pipeline.cli import main as pipeline_main
+from qnn_pipeline.orchestrator import run_pipeline
+
+
+def _run(out: Path, model: str, soc: str, recipe: Recipe, **prepare: Any) -> dict[str, Any]:
+    ctx = PipelineContext.create(
+        model, backend=Backend.QNN, recipe=recipe, soc=soc, out_dir=out,
+        prepare={"calibration_samples": 4, "eval_samples": 2, **prepare},
+        infer={"runs": 3, "warmup": 1},
+    )
+    return run_pipeline(ctx).summary
+
+
+def _manifest(summary: dict[str, Any], stage: Stage) -> Any:
+    (entry,) = (s for s in summary["stages"] if s["name"] == stage.value)
+    return load_manifest(Path(entry["artifact"]), expect_stage=stage)
+
+
+@pytest.fixture(scope="module")
+def out(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    # One output directory for the module: stages shared between tests (prepare) run once.
+    return tmp_path_factory.mktemp("qnn")
+
+
+@pytest.mark.parametrize("soc", ["SM8650", "SM8550", "SM8850"])
+def test_tiny_cnn_fp16_per_soc(out: Path, soc: str) -> None:
+    summary = _run(out, "tiny-cnn", soc, Recipe.FP16)
+    assert summary["backend"] == "qnn" and summary["soc"] == soc
+    assert float(summary["accuracy"]["sqnr_db_vs_fp32"]) >= 50.0  # measured 65.5 dB
+    assert summary["delegated_ops"] > 0 and summary["non_delegated_ops"] == 0
+    target = summary["target"]
+    assert target["soc"] == soc and target["htp_arch"] == {"SM8650": "V75", "SM8550": "V73",
+                                                          "SM8850": "V81"}[soc]
+    compile_manifest = _manifest(summary, Stage.COMPILE)
+    assert compile_manifest.metrics["partitions"] == 1
+    for stage in (Stage.COMPILE, Stage.INFER):
+        tools = _manifest(summary, stage).tools
+        assert tools["qnn"].startswith("2.")
+        assert tools["qnn_bridge"] in ("yes", "no")
+    sdk = compile_manifest.metrics["target"]["qnn_sdk"]
+    assert sdk["qnn_version"] == compile_manifest.tools["qnn"]
+
+
+@pytest.mark.parametrize("recipe", [Recipe.A16W4, Recipe.A16W16])
+def test_tiny_llama_16bit_activations_match_fake_quant(out: Path, recipe: Recipe) -> None:
+    summary = _run(out, "tiny-llama", "SM8650", recipe, seq_len=16)
+    # Measured 45-47 dB: the HTP computes what the quantizer's fake quant predicts.
+    assert float(summary["accuracy"]["sqnr_db_vs_fake_quant"]) >= 40.0
+    program = _manifest(summary, Stage.QUANTIZE)
+    assert program.config["recipe"] == recipe.value
+    compiled = _manifest(summary, Stage.COMPILE).metrics
+    assert compiled["partitions"] >= 1 and compiled["delegated_ops"] > 100
+
+
+def test_minilm_16a8w_on_sm8550(out: Path) -> None:
+    summary = _run(out, "minilm", "SM8550", Recipe.A16W8, seq_len=32)
+    assert float(summary["accuracy"]["cosine_vs_fp32"]) >= 0.98
+
+
+def test_minilm_fp16_on_sm8650(out: Path) -> None:
+    summary = _run(out, "minilm", "SM8650", Recipe.FP16, seq_len=32)
+    assert float(summary["accuracy"]["cosine_vs_fp32"]) >= 0.999
+
+
+def test_second_run_is_cached(out: Path) -> None:
+    first = _run(out, "tiny-cnn", "SM8650", Recipe.FP16)
+    again = _run(out, "tiny-cnn", "SM8650", Recipe.FP16)
+    assert {s["status"] for s in again["stages"]} == {"cached", "skipped"}
+    assert again["pte_bytes"] == first["pte_bytes"]
+
+
+def test_the_cli_runs_qnn_end_to_end(out: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = pipeline_main(["--model", "tiny-cnn", "--backend", "qnn", "--soc", "sm8750",
+                          "--recipe", "fp16", "--out", str(out / "cli"), "--runs", "2",
+                          "--htp-performance-mode", "high_performance"])
+    assert code == 0
+    summary = json.loads((out / "cli" / "summary.json").read_text())
+    assert summary["soc"] == "SM8750" and summary["target"]["htp_performance_mode"] == (
+        "high_performance"
+    )
+    assert "on qnn (fp16, SM8750)" in capsys.readouterr().out
+
+
+def test_missing_sdk_is_refused_before_any_work(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("QNN_SDK_ROOT", str(tmp_path / "no-sdk"))
+    ctx = PipelineContext.create("tiny-cnn", backend=Backend.QNN, recipe=Recipe.FP16,
+                                 soc="SM8650", out_dir=tmp_path / "out")
+    with pytest.raises(BackendNotAvailableError, match="libQnnHtp.so") as info:
+        run_pipeline(ctx)
+    assert "QNN_SDK_ROOT" in str(info.value)
+    assert not (tmp_path / "out").exists()  # not even prepare ran
+
+
+def test_unknown_soc_names_the_closest() -> None:
+    with pytest.raises(ConfigValidationError, match="did you mean SM8650"):
+        PipelineContext.create("tiny-cnn", backend=Backend.QNN, recipe=Recipe.FP16, soc="SM8655")
+
+
+def test_recipe_the_arch_cannot_run_says_why() -> None:
+    with pytest.raises(ConfigValidationError, match=r"needs HTP >= V73.*SM8350 is V68"):
+        PipelineContext.create("tiny-cnn", backend=Backend.QNN, recipe=Recipe.A16W16,
+                               soc="SM8350")
+
+
+def test_qnn_needs_a_soc_and_xnnpack_takes_none() -> None:
+    with pytest.raises(ConfigValidationError, match="compiles for one SoC"):
+        PipelineContext.create("tiny-cnn", backend=Backend.QNN, recipe=Recipe.FP16)
+    with pytest.raises(ConfigValidationError, match="takes no SoC"):
+        PipelineContext.create("tiny-cnn", backend=Backend.XNNPACK, soc="SM8650")
