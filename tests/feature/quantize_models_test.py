@@ -18,7 +18,8 @@ from qnn_prepare.models import (
     load_model,
     save_tiny_llama,
 )
-from qnn_quant.pt2e import _float_scalars_to_attrs, quantize_program
+from qnn_quant.pt2e import quantize_program
+from qnn_quant.quantizers.xnnpack import _float_scalars_to_attrs
 
 # Not among the built-in calibration sentences.
 HELD_OUT = (
@@ -304,8 +305,9 @@ def test_qnn_16a16w_is_not_dropped_and_is_precise(
     assert sqnr_db(ref, fake) > 60.0  # measured ~82 dB; 8a8w gives ~36 dB
 
 
+@pytest.mark.parametrize("block_size", [16, 32])
 def test_qnn_16a4w_block_uses_block_weights(
-    tiny_llama: tuple[LoadedModel, torch.export.ExportedProgram],
+    tiny_llama: tuple[LoadedModel, torch.export.ExportedProgram], block_size: int
 ) -> None:
     model, ep = tiny_llama
     calibration = make_calibration(model, num_samples=2, source=None, seed=1126)
@@ -314,8 +316,24 @@ def test_qnn_16a4w_block_uses_block_weights(
         target=Target(Backend.QNN, lookup_soc("SM8650")),
         recipe=Recipe.A16W4_BLOCK,
         calibration=calibration,
+        block_size=block_size,
         progress=False,
     )
-    assert "torchao.dequantize_affine.default" in _targets(quantized)
+    blocks = {
+        tuple(n.args[1]) for n in quantized.graph.nodes
+        if str(n.target) == "torchao.dequantize_affine.default"
+    }
+    assert blocks == {(1, block_size)}
     ref = _run(ep, calibration[0]).numpy()
     assert sqnr_db(ref, _run(quantized, calibration[0]).numpy()) > 10.0
+
+
+def test_block_size_must_divide_some_linear(
+    tiny_llama: tuple[LoadedModel, torch.export.ExportedProgram],
+) -> None:
+    model, ep = tiny_llama
+    with pytest.raises(ConfigValidationError, match="no linear layer's input size"):
+        quantize_program(
+            ep, target=Target(Backend.QNN, lookup_soc("SM8650")), recipe=Recipe.A16W4_BLOCK,
+            calibration=[model.example_inputs], block_size=7, progress=False,
+        )

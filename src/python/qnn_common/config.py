@@ -54,6 +54,8 @@ HTP_PERFORMANCE_MODES: tuple[str, ...] = (
     "low_power_saver", "high_power_saver", "low_balanced", "balanced",
 )
 DEFAULT_HTP_PERFORMANCE_MODE = "burst"
+# LPBQ block along a linear weight's input dimension (upstream's Llama export uses the same).
+DEFAULT_LPBQ_BLOCK = 16
 
 
 class Stage(enum.StrEnum):
@@ -119,6 +121,8 @@ class QuantizeConfig:
     recipe: Recipe = Recipe.A8W8
     soc: str | None = None
     per_channel: bool = True
+    # 16a4w_block (LPBQ) only: weights share a scale in blocks of this many input channels.
+    block_size: int = DEFAULT_LPBQ_BLOCK
     report_layers: int = 10
     # Regexes over nn.Module paths of layers to leave in float. None: the quantizer's default
     # (8-bit activations keep BERT-style FFN down-projections float); () quantizes everything.
@@ -151,6 +155,12 @@ class QuantizeConfig:
         check_recipe(self.backend, self.recipe, _soc_or_none(self.soc, "quantize.soc"),
                      "quantize.recipe")
         _positive("quantize.report_layers", self.report_layers, minimum=0)
+        _positive("quantize.block_size", self.block_size, minimum=2)
+        if self.block_size != DEFAULT_LPBQ_BLOCK and self.recipe is not Recipe.A16W4_BLOCK:
+            raise ConfigValidationError(
+                "quantize.block_size", self.block_size,
+                "only the 16a4w_block (LPBQ) recipe quantizes weights in blocks",
+            )
         _ = self.target  # validates backend / soc together
 
     @property

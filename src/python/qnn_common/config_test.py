@@ -592,3 +592,12 @@ def test_keep_float_is_a_list_of_regexes() -> None:
     with pytest.raises(ConfigValidationError, match="must be a list"):
         pipeline_from_mapping({"pipeline": {"model": "m"}, "quantize": {"keep_float": "x"}})
     assert QuantizeConfig().keep_float is None  # the quantizer's default
+
+
+def test_block_size_is_for_lpbq_only() -> None:
+    ok = QuantizeConfig(backend=Backend.QNN, recipe=Recipe.A16W4_BLOCK, soc="SM8650", block_size=32)
+    assert ok.block_size == 32
+    with pytest.raises(ConfigValidationError, match="16a4w_block"):
+        QuantizeConfig(backend=Backend.QNN, recipe=Recipe.A16W4, soc="SM8650", block_size=32)
+    with pytest.raises(ConfigValidationError, match=">= 2"):
+        QuantizeConfig(backend=Backend.QNN, recipe=Recipe.A16W4_BLOCK, soc="SM8650", block_size=0)

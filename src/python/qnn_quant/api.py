@@ -64,6 +64,7 @@ def run_quantize(inp: QuantizeInput) -> QuantizeOutput:
         recipe=cfg.recipe,
         calibration=calibration,
         per_channel=cfg.per_channel,
+        block_size=cfg.block_size,
         keep_float=cfg.keep_float,
     )
     timings["quantize_s"] = time.perf_counter() - t

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from qnn_common.cli_support import add_logging_args, run_cli, setup_logging
-from qnn_common.config import QuantizeConfig
+from qnn_common.config import DEFAULT_LPBQ_BLOCK, QuantizeConfig
 from qnn_common.recipes import Backend, Recipe, parse_enum
 from qnn_common.stages import QuantizeInput
 
@@ -35,6 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "FFN down-projections for 8-bit activations")
     p.add_argument("--quantize-all", action="store_true",
                    help="quantize every layer the quantizer can (no float layers)")
+    p.add_argument("--block-size", type=int, default=DEFAULT_LPBQ_BLOCK,
+                   help="16a4w_block: input channels per weight scale block (default: %(default)s)")
     p.add_argument("--report-layers", type=int, default=10,
                    help="how many worst layers to report (default: %(default)s)")
     add_logging_args(p)
@@ -49,6 +51,7 @@ def _main(argv: Sequence[str] | None) -> int:
         recipe=parse_enum(Recipe, args.recipe, "--recipe"),
         soc=args.soc,
         per_channel=not args.per_tensor,
+        block_size=args.block_size,
         report_layers=args.report_layers,
         keep_float=() if args.quantize_all else (
             None if args.keep_float is None else tuple(args.keep_float)

@@ -30,6 +30,7 @@ import torch
 from torch.export import ExportedProgram
 from tqdm import tqdm
 
+from qnn_common.config import DEFAULT_LPBQ_BLOCK
 from qnn_common.errors import ConfigValidationError
 from qnn_common.recipes import Recipe, check_recipe
 from qnn_common.target import Target
@@ -46,6 +47,7 @@ def quantize_program(
     recipe: Recipe,
     calibration: Sequence[tuple[torch.Tensor, ...]],
     per_channel: bool = True,
+    block_size: int = DEFAULT_LPBQ_BLOCK,
     progress: bool = True,
     keep_float: Sequence[str] | None = None,
 ) -> ExportedProgram:
@@ -77,7 +79,7 @@ def quantize_program(
 
     graph_module = ep.module()
     float_nodes = _nodes_under(graph_module, patterns)
-    quantizer = quantizer_for(recipe, per_channel, target, graph_module, float_nodes)
+    quantizer = quantizer_for(recipe, per_channel, block_size, target, graph_module, float_nodes)
 
     prepared = prepare_pt2e(graph_module, quantizer)
     with torch.no_grad():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Sequence
 
 from qnn_common.cli_support import add_logging_args, run_cli, setup_logging
@@ -46,3 +47,7 @@ def _main(argv: Sequence[str] | None) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """`qnn-sdk-setup`: assemble the dev QNN SDK if needed; print its root, version and source."""
     return run_cli(_main, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -25,7 +25,6 @@ from qnn_common.qnn_sdk import activate, check_compatible, find_qnn_sdk
 from qnn_common.recipes import Recipe
 from qnn_compile.backends import BackendLowering
 
-
 _POOLS = ("max_pool2d", "max_pool2d_with_indices", "avg_pool2d")
 
 

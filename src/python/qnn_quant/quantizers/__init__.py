@@ -18,6 +18,7 @@ class QuantizerProvider(Protocol):
         self,
         recipe: Recipe,
         per_channel: bool,
+        block_size: int,
         target: Target,
         gm: torch.fx.GraphModule,
         float_nodes: frozenset[str],
@@ -27,6 +28,7 @@ class QuantizerProvider(Protocol):
 def quantizer_for(
     recipe: Recipe,
     per_channel: bool,
+    block_size: int,
     target: Target,
     gm: torch.fx.GraphModule,
     float_nodes: frozenset[str],
@@ -41,4 +43,4 @@ def quantizer_for(
     else:
         raise BackendNotAvailableError(f"no quantizer for backend {target.backend!r}")
     provider: QuantizerProvider = module.quantizer
-    return provider(recipe, per_channel, target, gm, float_nodes)
+    return provider(recipe, per_channel, block_size, target, gm, float_nodes)

@@ -2,7 +2,7 @@
 
 set_default_quant_config(QuantDtype, per-channel conv and linear, MinMaxObserver activations; see
 `quantizer` for why not its default observer). 16a4w_block additionally sets per-block (LPBQ)
-weights on every linear whose input size divides into blocks of `LPBQ_BLOCK`.
+weights on every linear whose input size divides into blocks of the configured size.
 """
 
 from __future__ import annotations
@@ -34,14 +34,31 @@ QNN_DTYPES: dict[Recipe, str] = {
 _CASTS = (torch.ops.aten.to.dtype, torch.ops.aten._to_copy.default)
 
 
+def _depends_on_input(node: torch.fx.Node) -> bool:
+    """Whether `node` is computed from a graph input (runtime data), not from constants alone."""
+    seen: set[torch.fx.Node] = set()
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        if current.op == "placeholder":  # in `ep.module()` only user inputs are placeholders
+            return True
+        stack.extend(current.all_input_nodes)
+    return False
+
+
 def _integer_casts_as_adds(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
-    """Rewrite int -> float casts as `x + 0.0`, which computes the same float tensor.
+    """Rewrite int -> float casts of runtime data as `x + 0.0`, which computes the same tensor.
 
     Works around an ExecuTorch 1.5.1 QNN lowering bug: the quantize node that follows such a cast
     is folded into the cast, and QNN's Cast then writes the integers unscaled into a quantized
     tensor (a 0/1 attention mask becomes 0 and 1.5e-5). Measured on all-MiniLM-L6-v2 16a8w: cosine
     0.004 against fp32 with the cast, 0.99 without; 8a8w fails the same way, fp16 is unaffected.
-    An elementwise add with a float operand converts by value on the HTP.
+    An elementwise add with a float operand converts by value on the HTP. Casts of constants
+    (a Llama's position ids) are folded before they reach QNN and are left alone: there, QNN's
+    ElementWiseAdd refuses the mixed int32 / uint16 operands.
     """
     changed = False
     for node in list(gm.graph.nodes):
@@ -53,7 +70,7 @@ def _integer_casts_as_adds(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
             continue
         if src.dtype.is_floating_point or src.dtype == torch.bool:
             continue
-        if out.dtype != torch.float32:
+        if out.dtype != torch.float32 or not _depends_on_input(source):
             continue
         with gm.graph.inserting_before(node):
             add = gm.graph.call_function(torch.ops.aten.add.Tensor, (source, 0.0))
@@ -65,10 +82,6 @@ def _integer_casts_as_adds(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
         gm.graph.eliminate_dead_code()
         gm.recompile()
     return gm
-
-
-# LPBQ block along a linear weight's input dimension (upstream's Llama export uses the same).
-LPBQ_BLOCK = 16
 
 
 
@@ -96,7 +109,7 @@ def _no_qnn_sdk_download() -> Iterator[None]:
         qnn_sdk_setup._sdk_ready = was_ready
 
 
-def _lpbq_block_sizes(gm: torch.fx.GraphModule) -> dict[str, tuple[int, ...]]:
+def _lpbq_block_sizes(gm: torch.fx.GraphModule, block: int) -> dict[str, tuple[int, ...]]:
     """Block sizes for every linear (and its weight) whose input size divides into blocks."""
     sizes: dict[str, tuple[int, ...]] = {}
     for node in gm.graph.nodes:
@@ -104,16 +117,17 @@ def _lpbq_block_sizes(gm: torch.fx.GraphModule) -> dict[str, tuple[int, ...]]:
             continue
         weight = node.args[1]
         val = weight.meta.get("val") if isinstance(weight, torch.fx.Node) else None
-        if isinstance(val, torch.Tensor) and val.shape[-1] % LPBQ_BLOCK == 0:
-            sizes[node.name] = (1, LPBQ_BLOCK)
+        if isinstance(val, torch.Tensor) and val.shape[-1] % block == 0:
+            sizes[node.name] = (1, block)
             assert isinstance(weight, torch.fx.Node)
-            sizes[weight.name] = (1, LPBQ_BLOCK)
+            sizes[weight.name] = (1, block)
     return sizes
 
 
 def quantizer(
     recipe: Recipe,
     per_channel: bool,
+    block_size: int,
     target: Target,
     gm: torch.fx.GraphModule,
     float_nodes: frozenset[str],
@@ -154,7 +168,14 @@ def quantizer(
         act_observer=MinMaxObserver,
     )
     if recipe is Recipe.A16W4_BLOCK:
-        quantizer.set_block_size_map(_lpbq_block_sizes(gm))
+        sizes = _lpbq_block_sizes(gm, block_size)
+        if not sizes:
+            raise ConfigValidationError(
+                "quantize.block_size", block_size,
+                "no linear layer's input size is a multiple of it, so nothing would be "
+                "block-quantized; pick a divisor of the input sizes",
+            )
+        quantizer.set_block_size_map(sizes)
     if float_nodes:
         quantizer.add_discard_nodes(sorted(float_nodes))
     upstream_transform = quantizer.transform_for_annotation

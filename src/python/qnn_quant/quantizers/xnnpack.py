@@ -62,6 +62,7 @@ def _float_scalars_to_attrs(model: torch.fx.GraphModule) -> torch.fx.GraphModule
 def quantizer(
     recipe: Recipe,
     per_channel: bool,
+    block_size: int,
     target: Target,
     gm: torch.fx.GraphModule,
     float_nodes: frozenset[str],
