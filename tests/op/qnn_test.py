@@ -48,7 +48,8 @@ class _AvgPool(torch.nn.Module):
         self.pool = torch.nn.AvgPool2d(kernel)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.pool(self.conv(x))
+        out: torch.Tensor = self.pool(self.conv(x))
+        return out
 
 
 def _avg_pool_case(kernel: int) -> OpCase:
@@ -84,7 +85,8 @@ class _Erfinv(torch.nn.Module):
         self.fc = torch.nn.Linear(16, 16)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc(torch.erfinv(torch.tanh(self.fc(x)) * 0.9))
+        out: torch.Tensor = self.fc(torch.erfinv(torch.tanh(self.fc(x)) * 0.9))
+        return out
 
 
 def test_an_op_qnn_refuses_is_named(caplog: pytest.LogCaptureFixture) -> None:

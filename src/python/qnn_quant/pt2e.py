@@ -34,7 +34,7 @@ from qnn_common.config import DEFAULT_LPBQ_BLOCK
 from qnn_common.errors import ConfigValidationError
 from qnn_common.recipes import Recipe, check_recipe
 from qnn_common.target import Target
-from qnn_quant.quantizers import quantizer_for
+from qnn_quant.quantizers import QuantizerSpec, quantizer_for
 
 # Layers left in float under 8-bit activations by default (regular expressions searched in the
 # nn.Module path). See the module docstring for why and for the measurements.
@@ -79,7 +79,8 @@ def quantize_program(
 
     graph_module = ep.module()
     float_nodes = _nodes_under(graph_module, patterns)
-    quantizer = quantizer_for(recipe, per_channel, block_size, target, graph_module, float_nodes)
+    spec = QuantizerSpec(target, recipe, per_channel, block_size, float_nodes)
+    quantizer = quantizer_for(spec, graph_module)
 
     prepared = prepare_pt2e(graph_module, quantizer)
     with torch.no_grad():

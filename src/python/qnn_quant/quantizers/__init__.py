@@ -2,45 +2,47 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
 
+from qnn_common.config import DEFAULT_LPBQ_BLOCK
 from qnn_common.errors import BackendNotAvailableError
 from qnn_common.recipes import Backend, Recipe
 from qnn_common.target import Target
 
 
+@dataclass(frozen=True)
+class QuantizerSpec:
+    """What a quantizer is built for: a target and recipe, and the choices within them.
+
+    `float_nodes` names the graph nodes to leave in float; `block_size` matters to 16a4w_block
+    (LPBQ) only.
+    """
+
+    target: Target
+    recipe: Recipe
+    per_channel: bool = True
+    block_size: int = DEFAULT_LPBQ_BLOCK
+    float_nodes: frozenset[str] = frozenset()
+
+
 class QuantizerProvider(Protocol):
-    """A backend module's entry point: the torchao PT2E quantizer for one target and recipe."""
+    """A backend module's entry point: the torchao PT2E quantizer for `spec`, annotating `gm`."""
 
-    def __call__(
-        self,
-        recipe: Recipe,
-        per_channel: bool,
-        block_size: int,
-        target: Target,
-        gm: torch.fx.GraphModule,
-        float_nodes: frozenset[str],
-    ) -> Any: ...
+    def __call__(self, spec: QuantizerSpec, gm: torch.fx.GraphModule) -> Any: ...
 
 
-def quantizer_for(
-    recipe: Recipe,
-    per_channel: bool,
-    block_size: int,
-    target: Target,
-    gm: torch.fx.GraphModule,
-    float_nodes: frozenset[str],
-) -> Any:
-    """The quantizer that prepares `gm` for `target` at `recipe`, leaving `float_nodes` float."""
+def quantizer_for(spec: QuantizerSpec, gm: torch.fx.GraphModule) -> Any:
+    """The quantizer that prepares `gm` for `spec.target` at `spec.recipe`."""
     # Portable runs the standard quantized_decomposed q/dq representation XNNPACK's quantizer
     # produces; its kernels then compute exactly what fake quant computes.
-    if target.backend in (Backend.XNNPACK, Backend.PORTABLE):
+    if spec.target.backend in (Backend.XNNPACK, Backend.PORTABLE):
         from qnn_quant.quantizers import xnnpack as module
-    elif target.backend is Backend.QNN:
+    elif spec.target.backend is Backend.QNN:
         from qnn_quant.quantizers import qnn as module  # type: ignore[no-redef]
     else:
-        raise BackendNotAvailableError(f"no quantizer for backend {target.backend!r}")
+        raise BackendNotAvailableError(f"no quantizer for backend {spec.target.backend!r}")
     provider: QuantizerProvider = module.quantizer
-    return provider(recipe, per_channel, block_size, target, gm, float_nodes)
+    return provider(spec, gm)

@@ -16,7 +16,7 @@ import torch
 
 from qnn_common.errors import ConfigValidationError
 from qnn_common.recipes import Recipe
-from qnn_common.target import Target
+from qnn_quant.quantizers import QuantizerSpec
 
 # Recipe -> QuantDtype member name. Looked up by name and tested with `is None`: QuantDtype is an
 # IntEnum whose use_16a16w is 0, so `if dtype:` would silently drop 16a16w.
@@ -124,16 +124,9 @@ def _lpbq_block_sizes(gm: torch.fx.GraphModule, block: int) -> dict[str, tuple[i
     return sizes
 
 
-def quantizer(
-    recipe: Recipe,
-    per_channel: bool,
-    block_size: int,
-    target: Target,
-    gm: torch.fx.GraphModule,
-    float_nodes: frozenset[str],
-) -> Any:
-    """QnnQuantizer for `target.soc` at `recipe`: per-channel conv / linear when `per_channel`."""
-    soc = target.soc
+def quantizer(spec: QuantizerSpec, gm: torch.fx.GraphModule) -> Any:
+    """QnnQuantizer for the target's SoC at the recipe: per-channel conv / linear by default."""
+    recipe, soc = spec.recipe, spec.target.soc
     assert soc is not None  # Target guarantees a SoC for qnn
     from executorch.backends.qualcomm.quantizer.quantizer import QnnQuantizer, QuantDtype
     from executorch.backends.qualcomm.serialization.qc_schema import QcomChipset
@@ -163,21 +156,21 @@ def quantizer(
     # Upstream's QNN LLM export passes MinMaxObserver too.
     quantizer.set_default_quant_config(
         quant_dtype,
-        is_conv_per_channel=per_channel,
-        is_linear_per_channel=per_channel,
+        is_conv_per_channel=spec.per_channel,
+        is_linear_per_channel=spec.per_channel,
         act_observer=MinMaxObserver,
     )
     if recipe is Recipe.A16W4_BLOCK:
-        sizes = _lpbq_block_sizes(gm, block_size)
+        sizes = _lpbq_block_sizes(gm, spec.block_size)
         if not sizes:
             raise ConfigValidationError(
-                "quantize.block_size", block_size,
+                "quantize.block_size", spec.block_size,
                 "no linear layer's input size is a multiple of it, so nothing would be "
                 "block-quantized; pick a divisor of the input sizes",
             )
         quantizer.set_block_size_map(sizes)
-    if float_nodes:
-        quantizer.add_discard_nodes(sorted(float_nodes))
+    if spec.float_nodes:
+        quantizer.add_discard_nodes(sorted(spec.float_nodes))
     upstream_transform = quantizer.transform_for_annotation
     # An instance attribute shadows the method; prepare_pt2e looks it up on the instance.
     quantizer.transform_for_annotation = lambda gm: upstream_transform(_integer_casts_as_adds(gm))

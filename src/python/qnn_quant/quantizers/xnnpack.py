@@ -20,8 +20,7 @@ from typing import Any
 
 import torch
 
-from qnn_common.recipes import Recipe
-from qnn_common.target import Target
+from qnn_quant.quantizers import QuantizerSpec
 
 
 def _float_scalars_to_attrs(model: torch.fx.GraphModule) -> torch.fx.GraphModule:
@@ -59,21 +58,14 @@ def _float_scalars_to_attrs(model: torch.fx.GraphModule) -> torch.fx.GraphModule
     return model
 
 
-def quantizer(
-    recipe: Recipe,
-    per_channel: bool,
-    block_size: int,
-    target: Target,
-    gm: torch.fx.GraphModule,
-    float_nodes: frozenset[str],
-) -> Any:
-    """XNNPACKQuantizer: symmetric int8, per-channel weights when `per_channel` (8a8w only)."""
+def quantizer(spec: QuantizerSpec, gm: torch.fx.GraphModule) -> Any:
+    """XNNPACKQuantizer: symmetric int8 (8a8w), per-channel weights unless told otherwise."""
     from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
         XNNPACKQuantizer,
         get_symmetric_quantization_config,
     )
 
-    config = get_symmetric_quantization_config(is_per_channel=per_channel)
+    config = get_symmetric_quantization_config(is_per_channel=spec.per_channel)
     quantizer = XNNPACKQuantizer()
     aten = torch.ops.aten
     # op families: (ops that trigger it, op handed to set_operator_type). set_operator_type(op)
@@ -90,8 +82,8 @@ def quantizer(
     for triggers, op in families:
         if present.intersection(triggers):
             quantizer.set_operator_type(op, config)
-    if float_nodes:
-        quantizer.set_filter_function(lambda node: node.name not in float_nodes)
+    if spec.float_nodes:
+        quantizer.set_filter_function(lambda node: node.name not in spec.float_nodes)
     # An instance attribute shadows the buggy method; prepare_pt2e looks it up on the instance.
     quantizer.transform_for_annotation = _float_scalars_to_attrs
     return quantizer
