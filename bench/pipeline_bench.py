@@ -31,7 +31,8 @@ from qnn_common.recipes import Backend, Recipe
 from qnn_common.target import Target
 from qnn_compile.backends import lowering_for
 from qnn_compile.lower import lower_program
-from qnn_infer.runner import HostRunner, measure_latency
+from qnn_infer.measure import measure_latency
+from qnn_infer.runner import HostRunner
 from qnn_pipeline.orchestrator import run_pipeline
 from qnn_prepare.calibration import make_calibration
 from qnn_prepare.models import load_model

@@ -31,7 +31,8 @@ def cell(out: Path, model: str, backend: Backend, recipe: Recipe, soc: str | Non
         model, backend=backend, recipe=recipe, soc=soc, out_dir=out,
         prepare={"seq_len": seq_len, "calibration_samples": 8, "eval_samples": 2},
         quantize={"report_layers": 0} if recipe.is_quantized else None,
-        infer={"runs": runs, "warmup": 1},
+        # A bench reports numbers; the gates belong to the tests and to users' runs.
+        infer={"runs": runs, "warmup": 1, "accuracy_gates": False},
     )
     result = run_pipeline(ctx)
     seconds = {r.stage.value: r.seconds for r in result.records}

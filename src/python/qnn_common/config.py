@@ -26,12 +26,14 @@ TOML layout (every key optional except `pipeline.model`)::
 
     [infer]
     runs = 20
+    min_sqnr_db_vs_fake_quant = 12.0   # accuracy gates; unset = the recipe's default
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
+import math
 import re
 import tomllib
 import types
@@ -213,8 +215,74 @@ class CompileConfig:
 
 
 @dataclass(frozen=True)
+class AccuracyGates:
+    """Minimum accuracy of a program's outputs against its references; None = not checked.
+
+    "vs fp32" compares with the fp32 eager model, "vs fake quant" with the quantizer's fake-quant
+    model (the program a quantized .pte should compute, up to rounding).
+    """
+
+    min_sqnr_db_vs_fp32: float | None = None
+    min_cosine_vs_fp32: float | None = None
+    min_sqnr_db_vs_fake_quant: float | None = None
+    min_cosine_vs_fake_quant: float | None = None
+
+
+# The default gates, per recipe: low enough that every model we measured passes with a margin,
+# high enough that a wrong program (swapped / mutated outputs, a mis-lowered op, a zero output)
+# cannot. Measured on this project's eval inputs (README tables, plus 2026-11-30 runs):
+# * fp32: tiny-cnn on XNNPACK 120 dB vs fp32 (the e2e test asks >= 60). A float program is the
+#   same arithmetic in another order, so under 40 dB (1 % RMS error) is a lowering bug.
+# * fp16: QNN HTP 65.5 dB (tiny-cnn), 41.0 dB (MiniLM, 6 layers); fp16 rounding accumulates with
+#   depth, so 30 dB (3 % RMS error, cosine ~0.9995) leaves 11 dB for deeper models.
+# * 8-bit activations: XNNPACK MiniLM 8a8w ~20 dB vs fake quant (the backend requantizes where
+#   fake quant stays float), tiny-cnn 46 dB: 15 dB keeps 5 dB margin on the worst.
+# * 16-bit activations: QNN MiniLM 16a8w 47.8 dB, tiny-llama 16a4w 54 dB, 16a4w / 16a16w 45-47
+#   dB vs fake quant: 25 dB keeps 20 dB margin and still catches a program that drifted.
+# * vs fp32, quantized: cosine 0.9 (MiniLM 8a8w 0.99, tiny-llama QNN 16a4w 0.987, MiniLM 16a8w
+#   0.9996); a broken program lands near 0. Not checked below 4-bit weights (16a2w), whose error
+#   vs fp32 is the recipe's own; the fake-quant gate still judges that program.
+_FLOAT_GATES: dict[Recipe, AccuracyGates] = {
+    Recipe.FP32: AccuracyGates(min_sqnr_db_vs_fp32=40.0),
+    Recipe.FP16: AccuracyGates(min_sqnr_db_vs_fp32=30.0),
+}
+_MIN_SQNR_DB_VS_FAKE_QUANT = {8: 15.0, 16: 25.0}  # by activation bits
+_MIN_COSINE_VS_FP32_QUANTIZED = 0.9
+_MIN_WEIGHT_BITS_FOR_FP32_GATE = 4  # see above: not for 2-bit weights
+
+
+def default_accuracy_gates(recipe: Recipe) -> AccuracyGates:
+    """The gates a program compiled with `recipe` must pass when InferConfig sets none."""
+    if not recipe.is_quantized:
+        return _FLOAT_GATES[recipe]
+    activation_bits, weight_bits = recipe.activation_bits, recipe.weight_bits
+    assert activation_bits is not None and weight_bits is not None  # quantized recipes have both
+    return AccuracyGates(
+        min_sqnr_db_vs_fake_quant=_MIN_SQNR_DB_VS_FAKE_QUANT[activation_bits],
+        min_cosine_vs_fp32=(
+            _MIN_COSINE_VS_FP32_QUANTIZED
+            if weight_bits >= _MIN_WEIGHT_BITS_FOR_FP32_GATE else None
+        ),
+    )
+
+
+def _gate(name: str, value: float | None, cosine: bool) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
+        raise ConfigValidationError(name, value, "must be a number (or unset for the default)")
+    if cosine and not -1.0 <= value <= 1.0:
+        raise ConfigValidationError(name, value, "a cosine gate must lie in [-1, 1]")
+
+
+@dataclass(frozen=True)
 class InferConfig:
-    """Running the program: how many timed runs, on which inputs."""
+    """Running the program: how many timed runs, on which inputs, and the accuracy it must reach.
+
+    The four `min_*` gates are None for "the default for the program's recipe"
+    (`default_accuracy_gates`): infer learns the recipe from the compile artifact, and resolves
+    them with `gates_for`. `accuracy_gates=False` keeps reporting the numbers but checks none.
+    """
 
     warmup: int = 3
     runs: int = 20
@@ -224,10 +292,24 @@ class InferConfig:
     # connected one; `device_runner` is the executor runner built for Android (arm64).
     device: str | None = None
     device_runner: Path | None = None
+    min_sqnr_db_vs_fp32: float | None = None
+    min_cosine_vs_fp32: float | None = None
+    min_sqnr_db_vs_fake_quant: float | None = None
+    min_cosine_vs_fake_quant: float | None = None
+    accuracy_gates: bool = True
 
     def __post_init__(self) -> None:
         _positive("infer.warmup", self.warmup, minimum=0)
         _positive("infer.runs", self.runs)
+        for f in dataclasses.fields(AccuracyGates):
+            value = getattr(self, f.name)
+            _gate(f"infer.{f.name}", value, cosine="cosine" in f.name)
+            if isinstance(value, int):  # 40 and 40.0 are one gate (and one cache key)
+                object.__setattr__(self, f.name, float(value))
+        if not isinstance(self.accuracy_gates, bool):
+            raise ConfigValidationError(
+                "infer.accuracy_gates", self.accuracy_gates, "must be true or false"
+            )
         if self.device is not None and (not isinstance(self.device, str) or not self.device):
             raise ConfigValidationError(
                 "infer.device", self.device, "an adb serial, or \"auto\" for the only device"
@@ -237,6 +319,18 @@ class InferConfig:
                 "infer.device_runner", str(self.device_runner),
                 "only used with a device; pass --device SERIAL (or auto) too",
             )
+
+    def gates_for(self, recipe: Recipe | None) -> AccuracyGates:
+        """The gates to apply to a program compiled with `recipe` (None: unknown, e.g. a bare
+        .pte): each gate set here, else the recipe's default; none at all if gates are off."""
+        if not self.accuracy_gates:
+            return AccuracyGates()
+        default = default_accuracy_gates(recipe) if recipe is not None else AccuracyGates()
+        return AccuracyGates(**{
+            f.name: value if (value := getattr(self, f.name)) is not None
+            else getattr(default, f.name)
+            for f in dataclasses.fields(AccuracyGates)
+        })
 
 
 @dataclass(frozen=True)
@@ -467,6 +561,10 @@ def _coerce(tp: Any, value: Any, path: str) -> Any:
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigValidationError(path, value, "must be an integer")
         return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigValidationError(path, value, "must be a number")
+        return float(value)
     if tp is str:
         if not isinstance(value, str):
             raise ConfigValidationError(path, value, "must be a string")

@@ -11,12 +11,14 @@ import pytest
 
 from qnn_common.config import (
     DEFAULT_SEED,
+    AccuracyGates,
     CompileConfig,
     InferConfig,
     PipelineContext,
     PrepareConfig,
     QuantizeConfig,
     Stage,
+    default_accuracy_gates,
     load_pipeline_toml,
     pipeline_from_mapping,
 )
@@ -601,3 +603,69 @@ def test_block_size_is_for_lpbq_only() -> None:
         QuantizeConfig(backend=Backend.QNN, recipe=Recipe.A16W4, soc="SM8650", block_size=32)
     with pytest.raises(ConfigValidationError, match=">= 2"):
         QuantizeConfig(backend=Backend.QNN, recipe=Recipe.A16W4_BLOCK, soc="SM8650", block_size=0)
+
+
+# --- accuracy gates ------------------------------------------------------------------------------
+
+
+def test_default_gates_per_recipe() -> None:
+    assert default_accuracy_gates(Recipe.FP32) == AccuracyGates(min_sqnr_db_vs_fp32=40.0)
+    assert default_accuracy_gates(Recipe.FP16) == AccuracyGates(min_sqnr_db_vs_fp32=30.0)
+    assert default_accuracy_gates(Recipe.A8W8) == AccuracyGates(
+        min_cosine_vs_fp32=0.9, min_sqnr_db_vs_fake_quant=15.0
+    )
+    assert default_accuracy_gates(Recipe.A16W8) == AccuracyGates(
+        min_cosine_vs_fp32=0.9, min_sqnr_db_vs_fake_quant=25.0
+    )
+    # 2-bit weights: the error vs fp32 is the recipe's own; the fake-quant gate judges the program.
+    assert default_accuracy_gates(Recipe.A16W2) == AccuracyGates(min_sqnr_db_vs_fake_quant=25.0)
+
+
+@pytest.mark.parametrize("recipe", list(Recipe))
+def test_every_quantized_recipe_is_judged_against_its_fake_quant(recipe: Recipe) -> None:
+    gates = default_accuracy_gates(recipe)
+    if recipe.is_quantized:
+        assert gates.min_sqnr_db_vs_fake_quant is not None
+    else:  # a float program has no fake-quant reference, only fp32
+        assert gates.min_sqnr_db_vs_fake_quant is None and gates.min_sqnr_db_vs_fp32 is not None
+
+
+def test_unset_gates_take_the_recipes_default_and_set_ones_win() -> None:
+    cfg = InferConfig(min_sqnr_db_vs_fp32=12, min_cosine_vs_fake_quant=0.5)
+    assert cfg.min_sqnr_db_vs_fp32 == 12.0 and isinstance(cfg.min_sqnr_db_vs_fp32, float)
+    assert cfg.gates_for(Recipe.A8W8) == AccuracyGates(
+        min_sqnr_db_vs_fp32=12.0, min_cosine_vs_fp32=0.9, min_sqnr_db_vs_fake_quant=15.0,
+        min_cosine_vs_fake_quant=0.5,
+    )
+    # A bare .pte: the recipe is unknown, so only the gates set explicitly apply.
+    assert cfg.gates_for(None) == AccuracyGates(min_sqnr_db_vs_fp32=12.0,
+                                                min_cosine_vs_fake_quant=0.5)
+    assert InferConfig(accuracy_gates=False).gates_for(Recipe.FP32) == AccuracyGates()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field", "reason"),
+    [
+        ({"min_cosine_vs_fp32": 1.5}, "infer.min_cosine_vs_fp32", "[-1, 1]"),
+        ({"min_cosine_vs_fake_quant": -2}, "infer.min_cosine_vs_fake_quant", "[-1, 1]"),
+        ({"min_sqnr_db_vs_fp32": float("nan")}, "infer.min_sqnr_db_vs_fp32", "a number"),
+        ({"min_sqnr_db_vs_fake_quant": "20"}, "infer.min_sqnr_db_vs_fake_quant", "a number"),
+        ({"min_sqnr_db_vs_fp32": True}, "infer.min_sqnr_db_vs_fp32", "a number"),
+        ({"accuracy_gates": "no"}, "infer.accuracy_gates", "true or false"),
+    ],
+)
+def test_bad_gates_name_the_field(kwargs: dict[str, Any], field: str, reason: str) -> None:
+    err = _raises_cve(lambda: InferConfig(**kwargs))
+    assert err.field == field and reason in str(err)
+
+
+def test_gates_load_from_toml(write_toml: WriteToml) -> None:
+    ctx = load_pipeline_toml(write_toml(
+        '[pipeline]\nmodel = "m"\n[infer]\nmin_sqnr_db_vs_fp32 = 35\nmin_cosine_vs_fp32 = 0.95\n'
+        "accuracy_gates = true\n"
+    ))
+    assert ctx.infer.min_sqnr_db_vs_fp32 == 35.0 and ctx.infer.min_cosine_vs_fp32 == 0.95
+    err = _raises_cve(lambda: load_pipeline_toml(write_toml(
+        '[pipeline]\nmodel = "m"\n[infer]\nmin_sqnr_db_vs_fake_quant = "high"\n'
+    )))
+    assert err.field == "infer.min_sqnr_db_vs_fake_quant" and "must be a number" in str(err)

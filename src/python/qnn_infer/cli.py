@@ -3,14 +3,51 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from qnn_common.cli_support import add_logging_args, run_cli, setup_logging
-from qnn_common.config import InferConfig
+from qnn_common.config import AccuracyGates, InferConfig, default_accuracy_gates
+from qnn_common.recipes import Recipe
 from qnn_common.stages import InferInput
+
+
+def _default_gates_text() -> str:
+    def gates(recipe: Recipe) -> str:
+        values = dataclasses.asdict(default_accuracy_gates(recipe)).items()
+        return ", ".join(f"{name.removeprefix('min_')} >= {v:g}" for name, v in values
+                         if v is not None)
+
+    return "; ".join(f"{recipe.value}: {gates(recipe)}" for recipe in Recipe)
+
+
+def add_accuracy_gate_args(parser: argparse.ArgumentParser) -> None:
+    """The accuracy-gate flags, shared with qnn-pipeline (its TOML keys are the dest names)."""
+    g = parser.add_argument_group(
+        "accuracy gates",
+        "a run below a gate keeps its outputs but exits with code 2; unset gates take the "
+        f"default for the program's recipe ({_default_gates_text()})",
+    )
+    g.add_argument("--min-sqnr-db", dest="min_sqnr_db_vs_fp32", type=float, metavar="DB",
+                   help="minimum SQNR vs the fp32 reference")
+    g.add_argument("--min-cosine", dest="min_cosine_vs_fp32", type=float, metavar="C",
+                   help="minimum cosine vs the fp32 reference")
+    g.add_argument("--min-sqnr-db-vs-fake-quant", dest="min_sqnr_db_vs_fake_quant", type=float,
+                   metavar="DB", help="minimum SQNR vs the fake-quant reference")
+    g.add_argument("--min-cosine-vs-fake-quant", dest="min_cosine_vs_fake_quant", type=float,
+                   metavar="C", help="minimum cosine vs the fake-quant reference")
+    g.add_argument("--no-accuracy-gates", dest="accuracy_gates", action="store_false",
+                   default=None, help="report accuracy without checking any gate")
+
+
+def accuracy_gate_values(args: argparse.Namespace) -> dict[str, Any]:
+    """The gate flags as InferConfig fields; None = not given on the command line."""
+    names = [f.name for f in dataclasses.fields(AccuracyGates)] + ["accuracy_gates"]
+    return {name: getattr(args, name) for name in names}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -34,6 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "one) instead of the host; QNN programs also need QNN_SDK_ROOT")
     p.add_argument("--device-runner", type=Path, metavar="BINARY",
                    help="the executor runner built for Android arm64 (e.g. qnn_executor_runner)")
+    add_accuracy_gate_args(p)
     add_logging_args(p)
     return p
 
@@ -41,13 +79,15 @@ def build_parser() -> argparse.ArgumentParser:
 def _main(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging(args.verbose, args.quiet)
+    gates = {k: v for k, v in accuracy_gate_values(args).items() if v is not None}
     config = InferConfig(warmup=args.warmup, runs=args.runs, inputs_file=args.inputs,
                          etdump=args.etdump, device=args.device,
-                         device_runner=args.device_runner)
+                         device_runner=args.device_runner, **gates)
     from qnn_infer.api import run_infer  # torch is imported only past argument checks
 
     result = run_infer(InferInput(source=args.source, config=config, out_dir=args.out))
-    print(json.dumps({"latency_ms": result.latency_ms, "accuracy": result.accuracy}, indent=2))
+    print(json.dumps({"latency_ms": result.latency_ms, "accuracy": result.accuracy,
+                      "accuracy_ok": result.manifest.metrics["accuracy_gates"]["ok"]}, indent=2))
     return 0
 
 

@@ -26,14 +26,9 @@ from qnn_common.errors import (
     PipelineError,
 )
 from qnn_common.recipes import Backend, Recipe
-from qnn_infer.runner import (
-    DeviceRunner,
-    HostRunner,
-    Runner,
-    TensorSpec,
-    compare_outputs,
-    measure_latency,
-)
+from qnn_infer.device import DeviceRunner
+from qnn_infer.measure import compare_outputs, measure_latency
+from qnn_infer.runner import HostRunner, Runner, TensorSpec
 
 
 class TinyNet(torch.nn.Module):
@@ -299,6 +294,52 @@ def test_dynamic_batch_takes_smaller_and_rejects_larger(tmp_path: Path) -> None:
         torch.testing.assert_close(out, model(x))
     with pytest.raises(ConfigValidationError, match=r"got float32\[9, 4\]"):
         runner.run((torch.randn(9, 4),))
+
+
+# --- in-place updates ----------------------------------------------------------------------------
+
+
+class _UpdatesInputs(torch.nn.Module):
+    """Updates a buffer and its first input in place (add_, then rows by index_put_) and returns
+    a nested structure: the runtime returns the updated input too, as a leading output."""
+
+    count: torch.Tensor
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("count", torch.zeros(3))
+
+    def forward(
+        self, x: torch.Tensor, rows: torch.Tensor
+    ) -> dict[str, torch.Tensor | tuple[torch.Tensor, torch.Tensor]]:
+        self.count.add_(1)
+        x.add_(1)
+        x.index_put_((rows,), torch.full((2, 3), 5.0))
+        # The buffer stays out of the outputs: ExecuTorch does not serialize a mutated buffer's
+        # initial value, so anything computed from it is arbitrary.
+        return {"a": x * 2, "b": (x.sum(), x + 1)}
+
+
+@pytest.mark.parametrize("backend", [Backend.XNNPACK, Backend.PORTABLE])
+def test_updated_inputs_are_not_returned(tmp_path: Path, backend: Backend) -> None:
+    x, rows = torch.arange(12.0).reshape(4, 3), torch.tensor([0, 2])
+    ep = torch.export.export(_UpdatesInputs(), (x.clone(), rows), strict=False)
+    path = tmp_path / "inplace.pte"
+    path.write_bytes(_to_pte(ep, backend))
+    runner = HostRunner(path)
+    # 4 program outputs: the updated x, then the three user outputs.
+    assert len(runner.program_output_specs) == 4
+    assert runner.user_output_indices == (1, 2, 3)
+    got = runner.run((x.clone(), rows))
+    expected = torch.utils._pytree.tree_leaves(_UpdatesInputs()(x.clone(), rows))
+    assert len(got) == 3
+    for g, e in zip(got, expected, strict=True):
+        torch.testing.assert_close(g, e)
+    # A caller that knows better (e.g. from the graph signature) can pick the outputs itself.
+    (updated,) = HostRunner(path, user_output_indices=[0]).run((x.clone(), rows))
+    torch.testing.assert_close(updated, expected[0] / 2)
+    with pytest.raises(ConfigValidationError, match=r"has 4 output\(s\)"):
+        HostRunner(path, user_output_indices=[4])
 
 
 # --- missing kernels ----------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from qnn_common.config import (
 from qnn_common.manifest import MANIFEST_NAME, load_manifest
 from qnn_common.recipes import Backend, Recipe
 from qnn_common.soc import soc_names
+from qnn_infer.cli import accuracy_gate_values, add_accuracy_gate_args
 
 EPILOG = """examples:
   qnn-pipeline --model minilm                      # XNNPACK 8a8w, the default
@@ -65,6 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "host; QNN programs run on the host's x86 HTP emulator otherwise")
     p.add_argument("--device-runner", type=Path, metavar="BINARY",
                    help="the executor runner built for Android arm64, for --device")
+    add_accuracy_gate_args(p)
     add_logging_args(p)
     return p
 
@@ -95,7 +97,8 @@ def context_from_args(args: argparse.Namespace) -> PipelineContext:
         "prepare": {"seq_len": args.seq_len, "calibration_samples": args.calibration_samples},
         "compile": {"htp_performance_mode": args.htp_performance_mode},
         "infer": {"runs": args.runs, "device": args.device,
-                  "device_runner": None if args.device_runner is None else str(args.device_runner)},
+                  "device_runner": None if args.device_runner is None else str(args.device_runner),
+                  **accuracy_gate_values(args)},
     }
     if args.config is not None:
         return load_pipeline_toml(args.config, overrides)

@@ -29,7 +29,7 @@ from qnn_common.stages import (
     QuantizeInput,
 )
 from qnn_compile.api import compile_cache_key, run_compile
-from qnn_infer.api import infer_cache_key, run_infer
+from qnn_infer.api import AccuracyGateError, check_accuracy_gates, infer_cache_key, run_infer
 from qnn_prepare.api import prepare_cache_key, run_prepare
 from qnn_quant.api import quantize_cache_key, run_quantize
 
@@ -154,15 +154,25 @@ def run_pipeline(ctx: PipelineContext, *, from_artifact: Path | None = None) -> 
         key = spec.cache_key(inp)
         out_dir = ctx.out_dir / f"{stage}-{key[:12]}"
         cached = None if ctx.force else _cached(out_dir, stage, key)
+        gate_error: AccuracyGateError | None = None
         if cached is not None:
             log.info("%s cached: %s is up to date", stage, out_dir)
             records.append(StageRecord(stage, "cached", 0.0, out_dir))
             manifests[stage] = cached
+            if stage is Stage.INFER:
+                # Same program, inputs and gates: a run that failed its gates fails again.
+                try:
+                    check_accuracy_gates(out_dir, cached)
+                except AccuracyGateError as err:
+                    gate_error = err
         else:
             log.info("%s started", stage)
             t = time.perf_counter()
             try:
                 manifests[stage] = spec.run(dataclasses.replace(inp, out_dir=out_dir)).manifest
+            except AccuracyGateError as err:  # the stage ran and sealed its artifact
+                manifests[stage] = err.manifest
+                gate_error = err
             except PipelineError:
                 raise
             except Exception as err:  # anything unforeseen still names the stage it broke in
@@ -170,12 +180,25 @@ def run_pipeline(ctx: PipelineContext, *, from_artifact: Path | None = None) -> 
             seconds = time.perf_counter() - t
             log.info("%s completed in %.1f s -> %s", stage, seconds, out_dir)
             records.append(StageRecord(stage, "ran", round(seconds, 3), out_dir))
+        if gate_error is not None:
+            # The run is complete (infer is last) but wrong: write the summary, with accuracy.ok
+            # false and the numbers, for the dashboards, then fail the pipeline.
+            records.extend(StageRecord(s, "skipped") for s in list(Stage)[stage.position + 1:])
+            _write_summary(ctx, records, manifests)
+            raise gate_error
         source = out_dir
+    summary, summary_path = _write_summary(ctx, records, manifests)
+    return PipelineResult(tuple(records), summary, summary_path)
+
+
+def _write_summary(
+    ctx: PipelineContext, records: list[StageRecord], manifests: dict[Stage, Manifest]
+) -> tuple[dict[str, Any], Path]:
     summary = build_summary(ctx, records, manifests)
     ctx.out_dir.mkdir(parents=True, exist_ok=True)
     summary_path = ctx.out_dir / SUMMARY_NAME
     atomic_write_text(summary_path, json.dumps(summary, indent=2) + "\n")
-    return PipelineResult(tuple(records), summary, summary_path)
+    return summary, summary_path
 
 
 def build_summary(
@@ -209,6 +232,11 @@ def build_summary(
             "cosine_vs_fp32": metric(Stage.INFER, "accuracy", "vs_fp32", "cosine"),
             "sqnr_db_vs_fake_quant": metric(Stage.INFER, "accuracy", "vs_fake_quant", "sqnr_db"),
             "fake_quant_sqnr_db_vs_fp32": metric(Stage.QUANTIZE, "accuracy", "mean", "sqnr_db"),
+            # The infer gates' verdict: true / false, null when nothing was judged (no infer,
+            # no reference for the inputs, or gates off).
+            "ok": metric(Stage.INFER, "accuracy_gates", "ok"),
+            "gates": metric(Stage.INFER, "accuracy_gates", "gates"),
+            "failures": metric(Stage.INFER, "accuracy_gates", "failures") or [],
         },
         "worst_layers": (metric(Stage.QUANTIZE, "accuracy", "worst_layers") or [])[:3],
         "latency_ms": {
@@ -219,6 +247,10 @@ def build_summary(
         "delegated_ops": metric(Stage.COMPILE, "delegated_ops"),
         "non_delegated_ops": metric(Stage.COMPILE, "non_delegated_ops"),
     }
+
+
+def _verdict(ok: bool | None) -> str:
+    return "gates: -" if ok is None else "gates: ok" if ok else "gates: FAILED"
 
 
 def format_summary(summary: dict[str, Any]) -> str:
@@ -241,7 +273,8 @@ def format_summary(summary: dict[str, Any]) -> str:
         f"{', ' + summary['soc'] if summary['soc'] else ''}): "
         f"SQNR vs fp32 {num(acc['sqnr_db_vs_fp32'], '.1f')} dB, "
         f"cosine {num(acc['cosine_vs_fp32'], '.4f')}, "
-        f"vs fake-quant {num(acc['sqnr_db_vs_fake_quant'], '.1f')} dB; "
+        f"vs fake-quant {num(acc['sqnr_db_vs_fake_quant'], '.1f')} dB "
+        f"({_verdict(acc.get('ok'))}); "
         f"latency p50 {num(lat['p50'], '.3f')} ms, p90 {num(lat['p90'], '.3f')} ms; "
         f".pte {num(summary['pte_bytes'], ',')} bytes"
     )

@@ -52,8 +52,28 @@ def test_summary_has_the_documented_keys_even_when_stages_were_skipped() -> None
     assert summary["stages"][0] == {"name": "prepare", "status": "ran", "seconds": 1.5,
                                     "artifact": "out/prepare-x"}
     assert set(summary["accuracy"]) >= {"sqnr_db_vs_fp32", "cosine_vs_fp32",
-                                        "sqnr_db_vs_fake_quant"}
+                                        "sqnr_db_vs_fake_quant", "ok"}
+    assert summary["accuracy"]["ok"] is None  # nothing was judged: infer did not run
     assert summary["latency_ms"] == {"p50": None, "p90": None}
     assert summary["pte_bytes"] is None
     table = format_summary(summary)
-    assert "prepare    ran" in table and "latency p50 - ms" in table
+    assert "prepare    ran" in table and "latency p50 - ms" in table and "gates: -" in table
+
+
+def test_summary_carries_the_infer_gate_verdict(tmp_path: Path) -> None:
+    ctx = PipelineContext.create("tiny-cnn")
+    infer = tmp_path / "i"
+    infer.mkdir()
+    (infer / "outputs.pt").write_bytes(b"x")
+    failure = {"field": "min_sqnr_db_vs_fp32", "comparison": "vs_fp32", "metric": "sqnr_db",
+               "value": 12.0, "gate": 15.0}
+    manifest = write_manifest(
+        infer, stage=Stage.INFER, package="t", package_version="0", config={}, inputs={},
+        files=["outputs.pt"], cache_key="k",
+        metrics={"accuracy_gates": {"ok": False, "recipe": "8a8w", "gates": {},
+                                    "failures": [failure]}},
+    )
+    records = [StageRecord(s, "cached", 0.0, infer) for s in Stage]
+    summary = build_summary(ctx, records, {Stage.INFER: manifest})
+    assert summary["accuracy"]["ok"] is False and summary["accuracy"]["failures"] == [failure]
+    assert "gates: FAILED" in format_summary(summary)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import logging
 import shutil
@@ -30,8 +31,9 @@ from qnn_common.stages import (
     PrepareOutput,
 )
 from qnn_common.tensorio import Sample, flatten_outputs, save_program, save_samples
-from qnn_prepare.calibration import make_calibration
-from qnn_prepare.models import BUILTIN_MODELS, export_program, load_model
+from qnn_prepare.calibration import calibration_summary, make_calibration
+from qnn_prepare.models import BUILTIN_MODELS, export_program, is_factory_spec, load_model
+from qnn_prepare.provenance import factory_digest
 
 PACKAGE = "qnn-prepare"
 log = logging.getLogger(__name__)
@@ -46,14 +48,18 @@ def source_digests(config: PrepareConfig) -> dict[str, str]:
 
 
 def _model_digest(spec: str) -> str:
-    path = Path(spec)
+    spec = spec.strip()
+    path = Path(spec).expanduser()
     if spec not in BUILTIN_MODELS and path.is_dir():
         h = hashlib.sha256()
         for f in sorted(p for p in path.rglob("*") if p.is_file()):
             h.update(str(f.relative_to(path)).encode())
             h.update(sha256_file(f).encode())
         return h.hexdigest()
-    # Built-ins are fixed by this package's code (part of the key); a module:function by its name.
+    if spec not in BUILTIN_MODELS and is_factory_spec(spec):
+        # The code and weight files that define it: editing the function must miss the cache.
+        return factory_digest(spec)
+    # Built-ins are fixed by this package's code (part of the key).
     return hashlib.sha256(spec.encode()).hexdigest()
 
 
@@ -87,12 +93,16 @@ def run_prepare(inp: PrepareInput) -> PrepareOutput:
     extra = cfg.eval_samples - 1
     eval_inputs: list[Sample] = [tuple(model.example_inputs)]
     if extra:
-        eval_inputs += make_calibration(model, num_samples=extra, source=None, seed=cfg.seed + 1)
+        eval_inputs += make_calibration(
+            model, num_samples=extra, source=None, seed=cfg.seed + 1, include_example=False
+        )
 
     t = time.perf_counter()
     module = program.module()
     with torch.no_grad():
-        reference = [flatten_outputs(module(*sample)) for sample in eval_inputs]
+        # On copies: a model that updates its inputs in place would otherwise change the eval
+        # inputs saved below (which would then hold f(x), not x).
+        reference = [flatten_outputs(module(*copy.deepcopy(sample))) for sample in eval_inputs]
     timings["reference_s"] = time.perf_counter() - t
 
     save_program(out / PROGRAM, program)
@@ -125,6 +135,7 @@ def run_prepare(inp: PrepareInput) -> PrepareOutput:
             "calibration_samples": len(calibration),
             "eval_samples": len(eval_inputs),
             "calibration_source": to_jsonable(cfg.calibration_file) or "built-in",
+            "calibration": calibration_summary(model, calibration, cfg.calibration_file),
         },
     )
     return PrepareOutput(out, manifest)

@@ -9,6 +9,7 @@ from qnn_common.errors import ArtifactError, ConfigValidationError
 from qnn_common.tensorio import load_samples, save_samples
 from qnn_prepare.calibration import (
     BUILTIN_SENTENCES,
+    calibration_summary,
     make_calibration,
     random_samples,
     tokenize_like,
@@ -174,3 +175,58 @@ def test_load_samples_errors(tmp_path: Path) -> None:
         load_samples(tmp_path / "missing.pt")
     with pytest.raises(ArtifactError, match="empty"):
         save_samples(tmp_path / "x.pt", [])
+
+
+# --- module:function models: calibrated on their example's range ---------------------------------
+
+
+def _custom(example: tuple[torch.Tensor, ...]) -> LoadedModel:
+    return LoadedModel(
+        name="custom",
+        kind="custom",
+        module=torch.nn.Identity(),
+        example_inputs=example,
+        input_names=tuple(f"input_{i}" for i in range(len(example))),
+        output_names=("output_0",),
+        tokenizer=None,
+        tokenizer_files=(),
+        vocab_size=None,
+    )
+
+
+def test_custom_models_are_calibrated_on_their_example_range() -> None:
+    gen = torch.Generator().manual_seed(0)
+    x = 2 + 96 * torch.rand(3, 16, generator=gen)
+    rows = torch.tensor([4, 0, 2, 2])
+    model = _custom((x, rows))
+    samples = make_calibration(model, num_samples=6, source=None, seed=5)
+    assert len(samples) == 6
+    _assert_fits(samples, model)
+    assert torch.equal(samples[0][0], x) and torch.equal(samples[0][1], rows)
+    for got_x, got_rows in samples:
+        assert float(got_x.min()) >= float(x.min()) and float(got_x.max()) <= float(x.max())
+        # Integers are permuted: the same values, so indices stay valid indices.
+        assert sorted(got_rows.tolist()) == sorted(rows.tolist())
+    assert not torch.equal(samples[1][0], x) and not torch.equal(samples[2][0], x)
+    again = make_calibration(model, num_samples=6, source=None, seed=5)
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(samples, again, strict=True))
+    held_out = make_calibration(model, num_samples=2, source=None, seed=6, include_example=False)
+    assert not any(torch.equal(s[0], x) for s in held_out)
+
+
+def test_calibration_summary_names_the_source(cnn: LoadedModel, tmp_path: Path) -> None:
+    model = _custom((torch.full((2, 2), 7.0),))
+    samples = make_calibration(model, num_samples=3, source=None, seed=1)
+    summary = calibration_summary(model, samples, None)
+    assert summary == {
+        "source": "example-range",
+        "samples": 3,
+        "inputs": [{"input": "input_0", "dtype": "float32", "min": 7.0, "max": 7.0}],
+    }
+    assert calibration_summary(cnn, random_samples(cnn, num_samples=1, seed=1), None)[
+        "source"
+    ] == "random"
+    path = tmp_path / "c.pt"
+    assert calibration_summary(cnn, [], path) == {
+        "source": "file", "samples": 0, "inputs": [], "file": str(path)
+    }

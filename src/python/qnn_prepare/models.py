@@ -18,13 +18,16 @@ those trace to arange/index/vmap graphs that some backends cannot compile (QNN a
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import hashlib
 import importlib
 import json
 import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -142,6 +145,12 @@ def load_model(spec: str, *, seq_len: int = 128, seed: int = 1126) -> LoadedMode
         "'package.module:function' returning (module, example_inputs)",
         allowed=tuple(BUILTIN_MODELS),
     )
+
+
+def is_factory_spec(spec: str) -> bool:
+    """Whether `spec` names a ``package.module:function`` factory (and not a path)."""
+    spec = spec.strip()
+    return "/" not in spec and not spec.startswith((".", "~")) and bool(_FACTORY_SPEC.match(spec))
 
 
 def export_program(model: LoadedModel) -> torch.export.ExportedProgram:
@@ -460,13 +469,42 @@ def _load_hf_dir(model_dir: Path, *, name: str, seq_len: int, seed: int) -> Load
     )
 
 
+# sha256 of each factory module's source as this process last executed it (see _import_current).
+_EXECUTED_SOURCES: dict[str, str] = {}
+
+
+def _import_current(module_name: str) -> ModuleType:
+    """Import `module_name`, re-executing it from source if the file changed since this process
+    last ran it: the prepare cache key follows the source (qnn_prepare.provenance), so a
+    long-lived process (a notebook, a test, a service) must not keep exporting the old code.
+    Compiled from the source text, not through importlib.reload, whose bytecode cache
+    check (mtime in seconds and size) misses a same-size edit within the same second.
+    """
+    module = importlib.import_module(module_name)
+    path = getattr(module, "__file__", None)
+    if not path or not str(path).endswith(".py"):
+        return module
+    source = Path(path).read_bytes()
+    digest = hashlib.sha256(source).hexdigest()
+    if _EXECUTED_SOURCES.setdefault(module_name, digest) != digest:
+        exec(compile(source, path, "exec", dont_inherit=True), module.__dict__)
+        _EXECUTED_SOURCES[module_name] = digest
+    return module
+
+
 def _load_factory(spec: str) -> LoadedModel:
     module_name, func_name = spec.split(":")
     try:
-        py_module = importlib.import_module(module_name)
+        py_module = _import_current(module_name)
     except ImportError as err:
         raise ConfigValidationError(
             "model", spec, f"cannot import {module_name!r} ({err}); is it on PYTHONPATH?"
+        ) from err
+    except Exception as err:  # user code: a syntax error or whatever its top level raises
+        raise ConfigValidationError(
+            "model",
+            spec,
+            f"importing {module_name!r} failed ({type(err).__name__}: {err}); fix the module",
         ) from err
     factory = getattr(py_module, func_name, None)
     if not callable(factory):
@@ -498,7 +536,9 @@ def _load_factory(spec: str) -> LoadedModel:
     # deep inside torch.export.
     try:
         with torch.no_grad():
-            out = module(*example)
+            # On a copy: a model that updates its inputs in place would otherwise change the
+            # example inputs that are exported with and saved as the first eval sample.
+            out = module(*copy.deepcopy(example))
     except Exception as err:  # user code: whatever it raises is reported against the spec
         raise ConfigValidationError(
             "model", spec, f"the module fails on its own example inputs: {err}"

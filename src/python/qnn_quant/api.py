@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
 
@@ -75,7 +76,8 @@ def run_quantize(inp: QuantizeInput) -> QuantizeOutput:
     timings["report_s"] = time.perf_counter() - t
     module = quantized.module()
     with torch.no_grad():
-        fake_quant = [flatten_outputs(module(*sample)) for sample in eval_inputs]
+        # Copies: a model that updates an input in place must not change the eval inputs.
+        fake_quant = [flatten_outputs(module(*copy.deepcopy(s))) for s in eval_inputs]
 
     save_program(out / PROGRAM, quantized)
     save_samples(out / REFERENCE_FAKE_QUANT, fake_quant)

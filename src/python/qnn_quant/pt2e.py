@@ -22,6 +22,7 @@ have the range to spare, so those recipes quantize them. On QNN a float layer ru
 
 from __future__ import annotations
 
+import copy
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -85,7 +86,8 @@ def quantize_program(
     prepared = prepare_pt2e(graph_module, quantizer)
     with torch.no_grad():
         for sample in tqdm(samples, desc="calibrate", unit="sample", disable=not progress):
-            prepared(*sample)
+            # A copy: a model that updates an input in place must not change our samples.
+            prepared(*copy.deepcopy(sample))
     converted = convert_pt2e(prepared)
     example_args, example_kwargs = _example_inputs(ep, samples)
     return torch.export.export(converted, example_args, example_kwargs, strict=False)

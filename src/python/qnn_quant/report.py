@@ -15,6 +15,7 @@ outputs later ignore: a padded encoder can show worse layer numbers than its fin
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Sequence
 from typing import Any, NamedTuple
@@ -222,8 +223,8 @@ def _run(
     # .module() graphs take their inputs flattened, in order.
     if wanted:
         interp = _Capture(gm, wanted)
-        out, values = interp.run(*sample), interp.values
+        out, values = interp.run(*copy.deepcopy(sample)), interp.values
     else:  # nothing to capture: run at full speed, without the interpreter
-        out, values = gm(*sample), {}
+        out, values = gm(*copy.deepcopy(sample)), {}
     leaves = [t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
     return leaves, values

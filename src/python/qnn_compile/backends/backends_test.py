@@ -38,6 +38,6 @@ def test_default_pool_strides_are_spelled_out(call: str, stride: int) -> None:
     ep = torch.export.export(Pool(), (x,), strict=False)
     expected = ep.module()(x)
     ep = explicit_pool_strides(ep)
-    (pool,) = [n for n in ep.graph.nodes if n.op == "call_function" and "pool" in str(n.target)]
+    (pool,) = (n for n in ep.graph.nodes if n.op == "call_function" and "pool" in str(n.target))
     assert list(pool.args[2]) == [stride, stride]
     torch.testing.assert_close(ep.module()(x), expected)

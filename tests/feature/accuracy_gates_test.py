@@ -1,0 +1,172 @@
+"""Accuracy gates: a program whose outputs are wrong fails the run, with the numbers, instead of
+passing with a low SQNR in the summary.
+
+Real models, real lowering and the real ExecuTorch runtime; the one constructed case is a compile
+artifact whose fp32 reference was replaced by a wrong one (and resealed), the stand-in for "a
+program that computes something other than the model".
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from qnn_common.config import AccuracyGates, InferConfig, default_accuracy_gates
+from qnn_common.manifest import MANIFEST_NAME, load_manifest, write_manifest
+from qnn_common.recipes import Recipe
+from qnn_common.stages import REFERENCE_FP32
+from qnn_common.tensorio import load_samples, save_samples
+from qnn_infer.api import AccuracyGateError, check_accuracy_gates, judge_accuracy
+from qnn_infer.cli import main as infer_main
+from qnn_pipeline.cli import main as pipeline_main
+
+
+def _summary(out: Path) -> dict[str, Any]:
+    data = json.loads((out / "summary.json").read_text())
+    assert isinstance(data, dict)
+    return data
+
+
+def _artifact(summary: dict[str, Any], stage: str) -> Path:
+    (path,) = (s["artifact"] for s in summary["stages"] if s["name"] == stage)
+    return Path(path)
+
+
+# --- the verdict, without a model ----------------------------------------------------------------
+
+
+def _acc(sqnr: float, cos: float) -> dict[str, Any]:
+    return {"sqnr_db": sqnr, "cosine": cos, "max_abs_error": 0.0, "per_output": []}
+
+
+def test_verdict_is_null_without_references_and_false_below_a_gate() -> None:
+    gates = default_accuracy_gates(Recipe.A8W8)
+    assert judge_accuracy({}, gates)["ok"] is None  # e.g. --inputs: no reference applies
+    good = {"vs_fp32": _acc(25.0, 0.99), "vs_fake_quant": _acc(20.0, 0.999)}
+    assert judge_accuracy(good, gates, Recipe.A8W8)["ok"] is True
+    bad = {"vs_fp32": _acc(3.0, 0.5), "vs_fake_quant": _acc(4.0, 0.6)}
+    verdict = judge_accuracy(bad, gates, Recipe.A8W8)
+    assert verdict["ok"] is False and verdict["recipe"] == "8a8w"
+    assert {f["field"] for f in verdict["failures"]} == {"min_cosine_vs_fp32",
+                                                         "min_sqnr_db_vs_fake_quant"}
+
+
+def test_a_nan_metric_fails_its_gate_and_inf_passes() -> None:
+    gates = AccuracyGates(min_sqnr_db_vs_fp32=40.0)
+    assert judge_accuracy({"vs_fp32": _acc(math.nan, 1.0)}, gates)["ok"] is False
+    assert judge_accuracy({"vs_fp32": _acc(math.inf, 1.0)}, gates)["ok"] is True
+
+
+def test_gates_off_judge_nothing() -> None:
+    gates = InferConfig(accuracy_gates=False).gates_for(Recipe.FP32)
+    assert gates == AccuracyGates()
+    assert judge_accuracy({"vs_fp32": _acc(-10.0, -1.0)}, gates)["ok"] is None
+
+
+# --- real programs -------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def fp32_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("fp32")
+    assert pipeline_main(["--model", "tiny-cnn", "--skip", "quantize", "--out", str(out),
+                          "--runs", "2"]) == 0
+    return out
+
+
+def test_a_float_program_that_matches_passes(fp32_run: Path) -> None:
+    accuracy = _summary(fp32_run)["accuracy"]
+    assert accuracy["ok"] is True and accuracy["failures"] == []
+    # The fp32 default, taken from the compile artifact's recipe.
+    assert accuracy["gates"]["min_sqnr_db_vs_fp32"] == 40.0
+    assert float(accuracy["sqnr_db_vs_fp32"]) >= 40.0
+
+
+def _with_wrong_reference(compiled: Path, dst: Path) -> Path:
+    """A copy of a compile artifact whose fp32 reference is the negated one, resealed."""
+    shutil.copytree(compiled, dst)
+    (dst / MANIFEST_NAME).unlink()
+    wrong = [tuple(-t for t in sample) for sample in load_samples(dst / REFERENCE_FP32)]
+    save_samples(dst / REFERENCE_FP32, wrong)
+    m = load_manifest(compiled)
+    write_manifest(dst, stage=m.stage, package=m.package, package_version=m.package_version,
+                   config=m.config, inputs=m.inputs, files=[f.path for f in m.files],
+                   cache_key=m.cache_key, timings=m.timings, metrics=m.metrics)
+    return dst
+
+
+def test_a_wrong_float_program_exits_non_zero_with_the_numbers(
+    fp32_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    broken = _with_wrong_reference(_artifact(_summary(fp32_run), "compile"), tmp_path / "c")
+    out = tmp_path / "i"
+    assert infer_main([str(broken), "-o", str(out), "--runs", "2"]) == 2
+    err = capsys.readouterr().err
+    # What was measured, the gate it missed, and how to relax it.
+    assert "fp32 program" in err and "SQNR vs fp32" in err and "< 40 dB" in err
+    assert "min_sqnr_db_vs_fp32" in err and "--min-sqnr-db" in err
+    assert "--no-accuracy-gates" in err
+    # The outputs are the evidence: the artifact is written and sealed anyway.
+    manifest = load_manifest(out, expect_stage="infer")
+    verdict = manifest.metrics["accuracy_gates"]
+    assert verdict["ok"] is False and verdict["recipe"] == "fp32"
+    assert float(manifest.metrics["accuracy"]["vs_fp32"]["cosine"]) < -0.99
+    with pytest.raises(AccuracyGateError, match="SQNR vs fp32"):
+        check_accuracy_gates(out, manifest)
+
+
+def test_no_accuracy_gates_reports_without_failing(
+    fp32_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    broken = _with_wrong_reference(_artifact(_summary(fp32_run), "compile"), tmp_path / "c")
+    assert infer_main([str(broken), "-o", str(tmp_path / "i"), "--runs", "2",
+                       "--no-accuracy-gates"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["accuracy_ok"] is None and printed["accuracy"]["vs_fp32"]["cosine"] < -0.99
+
+
+def test_quantized_run_is_ok_then_an_impossible_gate_fails_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["--model", "tiny-cnn", "--out", str(tmp_path), "--runs", "2",
+            "--calibration-samples", "4"]
+    assert pipeline_main(args) == 0
+    summary = _summary(tmp_path)
+    assert summary["accuracy"]["ok"] is True
+    assert summary["accuracy"]["gates"] == {
+        "min_sqnr_db_vs_fp32": None, "min_cosine_vs_fp32": 0.9,
+        "min_sqnr_db_vs_fake_quant": 15.0, "min_cosine_vs_fake_quant": None,
+    }
+    capsys.readouterr()
+
+    assert pipeline_main([*args, "--min-sqnr-db", "500"]) == 2
+    err = capsys.readouterr().err
+    assert "SQNR vs fp32" in err and "< 500 dB" in err and "--min-sqnr-db" in err
+    # summary.json is still written, and says why the run failed.
+    failed = _summary(tmp_path)
+    assert failed["accuracy"]["ok"] is False
+    (failure,) = failed["accuracy"]["failures"]
+    assert failure["field"] == "min_sqnr_db_vs_fp32" and failure["gate"] == 500.0
+    statuses = {s["name"]: s["status"] for s in failed["stages"]}
+    assert statuses == {"prepare": "cached", "quantize": "cached", "compile": "cached",
+                        "infer": "ran"}
+    assert (_artifact(failed, "infer") / MANIFEST_NAME).is_file()
+
+    # A rerun finds the cached infer artifact, and its failed verdict fails the run again.
+    assert pipeline_main([*args, "--min-sqnr-db", "500"]) == 2
+    assert {s["status"] for s in _summary(tmp_path)["stages"]} == {"cached"}
+
+
+def test_gates_from_the_toml_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "p.toml"
+    config.write_text('[pipeline]\nmodel = "tiny-cnn"\nrecipe = "fp32"\n'
+                      "[infer]\nruns = 2\nmin_cosine_vs_fp32 = 1.0\nmin_sqnr_db_vs_fp32 = 400\n")
+    assert pipeline_main(["--config", str(config), "--out", str(tmp_path / "o")]) == 2
+    assert "min_sqnr_db_vs_fp32" in capsys.readouterr().err
+    gates = _summary(tmp_path / "o")["accuracy"]["gates"]
+    assert gates["min_sqnr_db_vs_fp32"] == 400.0 and gates["min_cosine_vs_fp32"] == 1.0
