@@ -18,7 +18,7 @@ from qnn_prepare.models import (
     load_model,
     save_tiny_llama,
 )
-from qnn_quant.pt2e import quantize_program
+from qnn_quant.pt2e import quantize_program, quantized_op_count
 from qnn_quant.quantizers.xnnpack import _float_scalars_to_attrs
 
 # Not among the built-in calibration sentences.
@@ -337,3 +337,30 @@ def test_block_size_must_divide_some_linear(
             ep, target=Target(Backend.QNN, lookup_soc("SM8650")), recipe=Recipe.A16W4_BLOCK,
             calibration=[model.example_inputs], block_size=7, progress=False,
         )
+
+
+class _NothingToQuantize(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cumsum(x, dim=-1)
+
+
+def test_a_quantized_recipe_that_quantizes_nothing_says_so(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    x = torch.randn(2, 8)
+    ep = torch.export.export(_NothingToQuantize(), (x,), strict=False)
+    with caplog.at_level("WARNING"):
+        quantized = quantize_program(ep, target=Target(Backend.XNNPACK), recipe=Recipe.A8W8,
+                                     calibration=[(x,)], progress=False)
+    assert quantized_op_count(quantized.graph_module) == 0
+    assert "found no op it quantizes" in caplog.text
+
+
+def test_quantized_ops_are_counted(
+    cnn: tuple[LoadedModel, torch.export.ExportedProgram],
+) -> None:
+    model, ep = cnn
+    quantized = quantize_program(ep, target=Target(Backend.XNNPACK), recipe=Recipe.A8W8,
+                                 calibration=[model.example_inputs], progress=False)
+    # tiny-cnn: 2 convs (relu fused into their pattern) and the linear head.
+    assert quantized_op_count(quantized.graph_module) >= 3

@@ -38,7 +38,8 @@ def run_cli(main: Callable[[Sequence[str] | None], int], argv: Sequence[str] | N
     try:
         return main(argv)
     except PipelineError as err:
-        print(f"error: {err}", file=sys.stderr)
+        where = f"[{err.stage}] " if err.stage and not str(err).startswith(f"[{err.stage}]") else ""
+        print(f"error: {where}{err}", file=sys.stderr)
         cause = err.__cause__
         if cause is not None:
             print(f"  caused by {type(cause).__name__}: {cause}", file=sys.stderr)

@@ -382,8 +382,8 @@ class PipelineContext:
         cls,
         model: str,
         *,
-        backend: Backend = Backend.XNNPACK,
-        recipe: Recipe | None = None,
+        backend: Backend | str = Backend.XNNPACK,
+        recipe: Recipe | str | None = None,
         soc: str | None = None,
         out_dir: Path = Path("out"),
         skip: frozenset[Stage] = frozenset(),
@@ -397,8 +397,13 @@ class PipelineContext:
         """Build a context from flat pipeline-wide settings plus per-stage settings.
 
         `recipe=None` means 8a8w, or the backend's float recipe when quantize is skipped. A float
-        recipe (fp32 / fp16) skips quantization by itself.
+        recipe (fp32 / fp16) skips quantization by itself. Backend and recipe may be given by name
+        ("qnn", "16a8w"), as users type them.
         """
+        if not isinstance(backend, Backend):
+            backend = parse_enum(Backend, str(backend), "pipeline.backend")
+        if recipe is not None and not isinstance(recipe, Recipe):
+            recipe = parse_enum(Recipe, str(recipe), "pipeline.recipe")
         if recipe is None:
             float_recipe = Recipe.FP16 if backend is Backend.QNN else Recipe.FP32
             recipe = float_recipe if Stage.QUANTIZE in skip else Recipe.A8W8

@@ -10,7 +10,14 @@ from pathlib import Path
 
 
 class PipelineError(Exception):
-    """Base of every error this project raises deliberately."""
+    """Base of every error this project raises deliberately.
+
+    `stage` names the stage the error came out of, when it came out of one: StageError sets it, and
+    the orchestrator stamps it on any other PipelineError leaving a stage (a config error found
+    while preparing, a corrupt artifact met while compiling), so every failure says where.
+    """
+
+    stage: str | None = None
 
 
 class ConfigValidationError(PipelineError, ValueError):

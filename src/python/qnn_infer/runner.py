@@ -290,7 +290,11 @@ class HostRunner:
                 "library callers call qnn_infer.runtimes.prepare_runtime({Backend.QNN}) (the "
                 "SDK from QNN_SDK_ROOT, or the project's x86 development SDK)"
             )
-        return ArtifactError(self.pte_path, f"loading method {self.method_name!r} failed: {exc}")
+        # The file passed the header checks, so this is the runtime or a delegate refusing to
+        # start (e.g. a backend's init failing), not a corrupt artifact.
+        return StageError(
+            _STAGE, f"loading method {self.method_name!r} of {self.pte_path} failed: {exc}", exc
+        )
 
     def _missing_kernels(self) -> tuple[list[str], list[str], set[str]]:
         try:

@@ -173,7 +173,9 @@ def run_pipeline(ctx: PipelineContext, *, from_artifact: Path | None = None) -> 
             except AccuracyGateError as err:  # the stage ran and sealed its artifact
                 manifests[stage] = err.manifest
                 gate_error = err
-            except PipelineError:
+            except PipelineError as err:
+                if err.stage is None:
+                    err.stage = stage
                 raise
             except Exception as err:  # anything unforeseen still names the stage it broke in
                 raise StageError(stage, f"failed: {type(err).__name__}: {err}", err) from err
@@ -243,6 +245,7 @@ def build_summary(
             "p50": metric(Stage.INFER, "latency_ms", "p50"),
             "p90": metric(Stage.INFER, "latency_ms", "p90"),
         },
+        "quantized_ops": metric(Stage.QUANTIZE, "quantized_ops"),
         "pte_bytes": metric(Stage.COMPILE, "pte_bytes"),
         "delegated_ops": metric(Stage.COMPILE, "delegated_ops"),
         "non_delegated_ops": metric(Stage.COMPILE, "non_delegated_ops"),

@@ -7,9 +7,17 @@ from pathlib import Path
 import pytest
 
 from qnn_common.config import PipelineContext, Stage
-from qnn_common.errors import ArtifactError
+from qnn_common.errors import ArtifactError, ConfigValidationError, PipelineError
 from qnn_common.manifest import write_manifest
-from qnn_pipeline.orchestrator import StageRecord, build_summary, format_summary, start_of
+from qnn_common.recipes import Backend, Recipe
+from qnn_pipeline.cli import main
+from qnn_pipeline.orchestrator import (
+    StageRecord,
+    build_summary,
+    format_summary,
+    run_pipeline,
+    start_of,
+)
 
 
 def _artifact(path: Path, stage: Stage) -> Path:
@@ -77,3 +85,19 @@ def test_summary_carries_the_infer_gate_verdict(tmp_path: Path) -> None:
     summary = build_summary(ctx, records, {Stage.INFER: manifest})
     assert summary["accuracy"]["ok"] is False and summary["accuracy"]["failures"] == [failure]
     assert "gates: FAILED" in format_summary(summary)
+
+
+def test_errors_out_of_a_stage_name_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    ctx = PipelineContext.create("no_such_module_for_this_test:make", out_dir=tmp_path)
+    with pytest.raises(PipelineError) as info:
+        run_pipeline(ctx)
+    assert info.value.stage == "prepare"
+    assert main(["--model", "no_such_module_for_this_test:make", "--out", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.startswith("error: [prepare] ")
+
+
+def test_context_takes_backend_and_recipe_by_name() -> None:
+    ctx = PipelineContext.create("tiny-cnn", backend="xnnpack", recipe="8a8w")
+    assert (ctx.backend, ctx.recipe) == (Backend.XNNPACK, Recipe.A8W8)
+    with pytest.raises(ConfigValidationError, match="unknown recipe"):
+        PipelineContext.create("tiny-cnn", recipe="9a9w")

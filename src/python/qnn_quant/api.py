@@ -35,7 +35,7 @@ from qnn_common.tensorio import (
     save_program,
     save_samples,
 )
-from qnn_quant.pt2e import quantize_program
+from qnn_quant.pt2e import quantize_program, quantized_op_count
 from qnn_quant.report import accuracy_report
 
 PACKAGE = "qnn-quant"
@@ -98,6 +98,10 @@ def run_quantize(inp: QuantizeInput) -> QuantizeOutput:
         files=[PROGRAM, REFERENCE_FAKE_QUANT, *carried],
         cache_key=cache_key(Stage.QUANTIZE, cfg, inputs, code_version(qnn_quant)),
         timings={k: round(v, 3) for k, v in timings.items()},
-        metrics={"model": src.metrics.get("model"), "accuracy": report},
+        metrics={
+            "model": src.metrics.get("model"),
+            "quantized_ops": quantized_op_count(quantized.graph_module),
+            "accuracy": report,
+        },
     )
     return QuantizeOutput(out, manifest)

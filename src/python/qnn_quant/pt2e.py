@@ -23,6 +23,7 @@ have the range to spare, so those recipes quantize them. On QNN a float layer ru
 from __future__ import annotations
 
 import copy
+import logging
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -36,6 +37,8 @@ from qnn_common.errors import ConfigValidationError
 from qnn_common.recipes import Recipe, check_recipe
 from qnn_common.target import Target
 from qnn_quant.quantizers import QuantizerSpec, quantizer_for
+
+log = logging.getLogger(__name__)
 
 # Layers left in float under 8-bit activations by default (regular expressions searched in the
 # nn.Module path). See the module docstring for why and for the measurements.
@@ -89,8 +92,32 @@ def quantize_program(
             # A copy: a model that updates an input in place must not change our samples.
             prepared(*copy.deepcopy(sample))
     converted = convert_pt2e(prepared)
+    if quantized_op_count(converted) == 0:
+        # Not an error yet: XNNPACK's quantizer is limited to linear / conv / pooling families
+        # here (residual adds stay float on purpose), so add- or matmul-only models get nothing.
+        # The manifest and summary count the quantized ops, so the label cannot mislead.
+        log.warning(
+            "the %s quantizer found no op it quantizes in this model: the %s program stays float",
+            target, recipe.value,
+        )
     example_args, example_kwargs = _example_inputs(ep, samples)
     return torch.export.export(converted, example_args, example_kwargs, strict=False)
+
+
+_QDQ_NAMESPACES = ("quantized_decomposed", "torchao")
+
+
+def _is_qdq(node: torch.fx.Node) -> bool:
+    return node.op == "call_function" and str(node.target).split(".")[0] in _QDQ_NAMESPACES
+
+
+def quantized_op_count(gm: torch.fx.GraphModule) -> int:
+    """Compute ops that read a dequantized tensor: the ops a backend will run quantized."""
+    return sum(
+        1 for n in gm.graph.nodes
+        if n.op == "call_function" and not _is_qdq(n)
+        and any(_is_qdq(a) and "dequantize" in str(a.target) for a in n.all_input_nodes)
+    )
 
 
 # --------------------------------------------------------------------------------------------
