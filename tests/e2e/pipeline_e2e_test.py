@@ -17,15 +17,11 @@ from qnn_common.manifest import load_manifest
 from qnn_common.recipes import Recipe
 from qnn_pipeline.cli import main as pipeline_main
 from qnn_pipeline.orchestrator import run_pipeline
+from support.summary import stage_statuses
 
 SUMMARY_KEYS = {"model", "backend", "recipe", "soc", "stages", "accuracy", "latency_ms",
                 "pte_bytes"}
 
-
-def _statuses(summary: dict[str, Any]) -> dict[str, str]:
-    stages = summary["stages"]
-    assert isinstance(stages, list)
-    return {s["name"]: s["status"] for s in stages}
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +40,7 @@ def test_minilm_8a8w_embeddings_match_fp32(minilm_8a8w: tuple[Path, dict[str, An
     assert summary.keys() >= SUMMARY_KEYS
     assert summary["backend"] == "xnnpack" and summary["recipe"] == "8a8w"
     assert summary["soc"] is None
-    assert _statuses(summary) == {s.value: "ran" for s in Stage}
+    assert stage_statuses(summary) == {s.value: "ran" for s in Stage}
     accuracy = summary["accuracy"]
     assert isinstance(accuracy, dict)
     assert float(accuracy["cosine_vs_fp32"]) >= 0.98
@@ -66,7 +62,7 @@ def test_minilm_second_run_is_fully_cached(minilm_8a8w: tuple[Path, dict[str, An
     )
     assert code == 0
     second = json.loads((out / "summary.json").read_text())
-    assert _statuses(second) == {s.value: "cached" for s in Stage}
+    assert stage_statuses(second) == {s.value: "cached" for s in Stage}
     assert second["pte_bytes"] == first["pte_bytes"]
 
 
@@ -75,7 +71,7 @@ def test_tiny_cnn_fp32_path_is_exact(tmp_path: Path) -> None:
                                  infer={"runs": 5})
     assert ctx.recipe is Recipe.FP32
     result = run_pipeline(ctx)
-    statuses = _statuses(result.summary)
+    statuses = stage_statuses(result.summary)
     assert statuses["quantize"] == "skipped" and statuses["infer"] == "ran"
     assert float(result.summary["accuracy"]["sqnr_db_vs_fp32"]) >= 60
 
@@ -99,6 +95,6 @@ def test_tiny_llama_causal_lm_path(tmp_path: Path) -> None:
                                  prepare={"seq_len": 16, "calibration_samples": 4},
                                  infer={"runs": 3})
     summary = run_pipeline(ctx).summary
-    assert _statuses(summary) == {s.value: "ran" for s in Stage}
+    assert stage_statuses(summary) == {s.value: "ran" for s in Stage}
     assert float(summary["accuracy"]["sqnr_db_vs_fp32"]) >= 20
     assert float(summary["accuracy"]["sqnr_db_vs_fake_quant"]) >= 20

@@ -16,20 +16,16 @@ from typing import Any
 
 import pytest
 
-from qnn_common.config import AccuracyGates, InferConfig, default_accuracy_gates
+from qnn_common.config import InferConfig
+from qnn_common.gates import AccuracyGates, default_accuracy_gates
 from qnn_common.manifest import MANIFEST_NAME, load_manifest, write_manifest
 from qnn_common.recipes import Recipe
 from qnn_common.stages import REFERENCE_FP32
 from qnn_common.tensorio import load_samples, save_samples
-from qnn_infer.api import AccuracyGateError, check_accuracy_gates, judge_accuracy
 from qnn_infer.cli import main as infer_main
+from qnn_infer.gates import AccuracyGateError, check_accuracy_gates, judge_accuracy
 from qnn_pipeline.cli import main as pipeline_main
-
-
-def _summary(out: Path) -> dict[str, Any]:
-    data = json.loads((out / "summary.json").read_text())
-    assert isinstance(data, dict)
-    return data
+from support.summary import read_summary
 
 
 def _artifact(summary: dict[str, Any], stage: str) -> Path:
@@ -80,7 +76,7 @@ def fp32_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_a_float_program_that_matches_passes(fp32_run: Path) -> None:
-    accuracy = _summary(fp32_run)["accuracy"]
+    accuracy = read_summary(fp32_run)["accuracy"]
     assert accuracy["ok"] is True and accuracy["failures"] == []
     # The fp32 default, taken from the compile artifact's recipe.
     assert accuracy["gates"]["min_sqnr_db_vs_fp32"] == 40.0
@@ -103,7 +99,7 @@ def _with_wrong_reference(compiled: Path, dst: Path) -> Path:
 def test_a_wrong_float_program_exits_non_zero_with_the_numbers(
     fp32_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    broken = _with_wrong_reference(_artifact(_summary(fp32_run), "compile"), tmp_path / "c")
+    broken = _with_wrong_reference(_artifact(read_summary(fp32_run), "compile"), tmp_path / "c")
     out = tmp_path / "i"
     assert infer_main([str(broken), "-o", str(out), "--runs", "2"]) == 2
     err = capsys.readouterr().err
@@ -123,7 +119,7 @@ def test_a_wrong_float_program_exits_non_zero_with_the_numbers(
 def test_no_accuracy_gates_reports_without_failing(
     fp32_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    broken = _with_wrong_reference(_artifact(_summary(fp32_run), "compile"), tmp_path / "c")
+    broken = _with_wrong_reference(_artifact(read_summary(fp32_run), "compile"), tmp_path / "c")
     assert infer_main([str(broken), "-o", str(tmp_path / "i"), "--runs", "2",
                        "--no-accuracy-gates"]) == 0
     printed = json.loads(capsys.readouterr().out)
@@ -136,7 +132,7 @@ def test_quantized_run_is_ok_then_an_impossible_gate_fails_it(
     args = ["--model", "tiny-cnn", "--out", str(tmp_path), "--runs", "2",
             "--calibration-samples", "4"]
     assert pipeline_main(args) == 0
-    summary = _summary(tmp_path)
+    summary = read_summary(tmp_path)
     assert summary["accuracy"]["ok"] is True
     assert summary["accuracy"]["gates"] == {
         "min_sqnr_db_vs_fp32": None, "min_cosine_vs_fp32": 0.9,
@@ -148,7 +144,7 @@ def test_quantized_run_is_ok_then_an_impossible_gate_fails_it(
     err = capsys.readouterr().err
     assert "SQNR vs fp32" in err and "< 500 dB" in err and "--min-sqnr-db" in err
     # summary.json is still written, and says why the run failed.
-    failed = _summary(tmp_path)
+    failed = read_summary(tmp_path)
     assert failed["accuracy"]["ok"] is False
     (failure,) = failed["accuracy"]["failures"]
     assert failure["field"] == "min_sqnr_db_vs_fp32" and failure["gate"] == 500.0
@@ -159,7 +155,7 @@ def test_quantized_run_is_ok_then_an_impossible_gate_fails_it(
 
     # A rerun finds the cached infer artifact, and its failed verdict fails the run again.
     assert pipeline_main([*args, "--min-sqnr-db", "500"]) == 2
-    assert {s["status"] for s in _summary(tmp_path)["stages"]} == {"cached"}
+    assert {s["status"] for s in read_summary(tmp_path)["stages"]} == {"cached"}
 
 
 def test_gates_from_the_toml_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -168,5 +164,5 @@ def test_gates_from_the_toml_file(tmp_path: Path, capsys: pytest.CaptureFixture[
                       "[infer]\nruns = 2\nmin_cosine_vs_fp32 = 1.0\nmin_sqnr_db_vs_fp32 = 400\n")
     assert pipeline_main(["--config", str(config), "--out", str(tmp_path / "o")]) == 2
     assert "min_sqnr_db_vs_fp32" in capsys.readouterr().err
-    gates = _summary(tmp_path / "o")["accuracy"]["gates"]
+    gates = read_summary(tmp_path / "o")["accuracy"]["gates"]
     assert gates["min_sqnr_db_vs_fp32"] == 400.0 and gates["min_cosine_vs_fp32"] == 1.0

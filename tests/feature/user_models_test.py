@@ -10,12 +10,10 @@ Each writes its model module to a temporary directory and runs the real stages.
 
 from __future__ import annotations
 
-import json
 import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -32,6 +30,7 @@ from qnn_common.tensorio import load_samples
 from qnn_pipeline.cli import main as pipeline_main
 from qnn_prepare.api import prepare_cache_key, run_prepare
 from qnn_quant.api import run_quantize
+from support.summary import read_summary, stage_statuses
 
 _INPLACE = """
 import torch
@@ -113,14 +112,6 @@ def _write(directory: Path, name: str, source: str) -> str:
     return name
 
 
-def _summary(out: Path) -> dict[str, Any]:
-    data = json.loads((out / "summary.json").read_text())
-    assert isinstance(data, dict)
-    return data
-
-
-def _status(summary: dict[str, Any]) -> dict[str, str]:
-    return {s["name"]: s["status"] for s in summary["stages"]}
 
 
 def test_inplace_model_keeps_its_inputs_and_infer_compares_user_outputs(
@@ -145,7 +136,7 @@ def test_inplace_model_keeps_its_inputs_and_infer_compares_user_outputs(
     out = tmp_path / "pipe"
     argv = ["--model", f"{name}:make", "--skip", "quantize", "--out", str(out), "--runs", "2"]
     assert pipeline_main(argv) == 0
-    summary = _summary(out)
+    summary = read_summary(out)
     # The runtime also returns the updated x; compared against the reference it would fail.
     assert float(summary["accuracy"]["sqnr_db_vs_fp32"]) > 100
 
@@ -176,7 +167,7 @@ def test_quantizing_an_inplace_model_keeps_its_eval_inputs(user_dir: Path, tmp_p
     name = _write(user_dir, "user_model_inplace_linear", _INPLACE_LINEAR)
     out = tmp_path / "pipe"
     assert pipeline_main(["--model", f"{name}:make", "--out", str(out), "--runs", "2"]) == 0
-    accuracy = _summary(out)["accuracy"]
+    accuracy = read_summary(out)["accuracy"]
     assert float(accuracy["sqnr_db_vs_fake_quant"]) > 25
     assert float(accuracy["sqnr_db_vs_fp32"]) > 25
 
@@ -188,18 +179,18 @@ def test_editing_a_factory_reruns_prepare(user_dir: Path, tmp_path: Path) -> Non
     argv = ["--model", f"{name}:make", "--skip", "quantize", "--skip", "infer",
             "--out", str(out), "--calibration-samples", "2"]
     assert pipeline_main(argv) == 0
-    assert _status(_summary(out))["prepare"] == "ran"
+    assert stage_statuses(read_summary(out))["prepare"] == "ran"
     key = prepare_cache_key(config)
     assert pipeline_main(argv) == 0
-    assert _status(_summary(out))["prepare"] == "cached"
+    assert stage_statuses(read_summary(out))["prepare"] == "cached"
 
     # The same size, within the same second: Python's bytecode cache cannot tell.
     edited = _SCALED.replace("SCALE = 1.0", "SCALE = 3.0")
     (user_dir / f"{name}.py").write_text(textwrap.dedent(edited))
     assert prepare_cache_key(config) != key
     assert pipeline_main(argv) == 0
-    summary = _summary(out)
-    assert _status(summary)["prepare"] == "ran"
+    summary = read_summary(out)
+    assert stage_statuses(summary)["prepare"] == "ran"
     prep_dir = Path(next(s["artifact"] for s in summary["stages"] if s["name"] == "prepare"))
     (ref,) = load_samples(prep_dir / REFERENCE_FP32)[0]
     (example,) = load_samples(prep_dir / EVAL_INPUTS)[0]

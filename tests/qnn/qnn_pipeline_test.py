@@ -7,7 +7,6 @@ and the .pte executed in-process by the ExecuTorch runtime on the x86 HTP emulat
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +18,7 @@ from qnn_common.manifest import load_manifest
 from qnn_common.recipes import Backend, Recipe
 from qnn_pipeline.cli import main as pipeline_main
 from qnn_pipeline.orchestrator import run_pipeline
+from support.summary import read_summary
 
 
 def _run(out: Path, model: str, soc: str, recipe: Recipe, **prepare: Any) -> dict[str, Any]:
@@ -93,7 +93,7 @@ def test_the_cli_runs_qnn_end_to_end(out: Path, capsys: pytest.CaptureFixture[st
                           "--recipe", "fp16", "--out", str(out / "cli"), "--runs", "2",
                           "--htp-performance-mode", "high_performance"])
     assert code == 0
-    summary = json.loads((out / "cli" / "summary.json").read_text())
+    summary = read_summary(out / "cli")
     assert summary["soc"] == "SM8750" and summary["target"]["htp_performance_mode"] == (
         "high_performance"
     )

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import math
 import re
 import tomllib
 import types
@@ -44,6 +43,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from qnn_common.errors import ConfigValidationError
+from qnn_common.gates import AccuracyGates, check_gate, default_accuracy_gates
 from qnn_common.recipes import Backend, Recipe, check_recipe, parse_enum
 from qnn_common.soc import Soc, lookup_soc
 from qnn_common.target import Target
@@ -215,67 +215,6 @@ class CompileConfig:
 
 
 @dataclass(frozen=True)
-class AccuracyGates:
-    """Minimum accuracy of a program's outputs against its references; None = not checked.
-
-    "vs fp32" compares with the fp32 eager model, "vs fake quant" with the quantizer's fake-quant
-    model (the program a quantized .pte should compute, up to rounding).
-    """
-
-    min_sqnr_db_vs_fp32: float | None = None
-    min_cosine_vs_fp32: float | None = None
-    min_sqnr_db_vs_fake_quant: float | None = None
-    min_cosine_vs_fake_quant: float | None = None
-
-
-# The default gates, per recipe: low enough that every model we measured passes with a margin,
-# high enough that a wrong program (swapped / mutated outputs, a mis-lowered op, a zero output)
-# cannot. Measured on this project's eval inputs (README tables, plus 2026-11-30 runs):
-# * fp32: tiny-cnn on XNNPACK 120 dB vs fp32 (the e2e test asks >= 60). A float program is the
-#   same arithmetic in another order, so under 40 dB (1 % RMS error) is a lowering bug.
-# * fp16: QNN HTP 65.5 dB (tiny-cnn), 41.0 dB (MiniLM, 6 layers); fp16 rounding accumulates with
-#   depth, so 30 dB (3 % RMS error, cosine ~0.9995) leaves 11 dB for deeper models.
-# * 8-bit activations: XNNPACK MiniLM 8a8w ~20 dB vs fake quant (the backend requantizes where
-#   fake quant stays float), tiny-cnn 46 dB: 15 dB keeps 5 dB margin on the worst.
-# * 16-bit activations: QNN MiniLM 16a8w 47.8 dB, tiny-llama 16a4w 54 dB, 16a4w / 16a16w 45-47
-#   dB vs fake quant: 25 dB keeps 20 dB margin and still catches a program that drifted.
-# * vs fp32, quantized: cosine 0.9 (MiniLM 8a8w 0.99, tiny-llama QNN 16a4w 0.987, MiniLM 16a8w
-#   0.9996); a broken program lands near 0. Not checked below 4-bit weights (16a2w), whose error
-#   vs fp32 is the recipe's own; the fake-quant gate still judges that program.
-_FLOAT_GATES: dict[Recipe, AccuracyGates] = {
-    Recipe.FP32: AccuracyGates(min_sqnr_db_vs_fp32=40.0),
-    Recipe.FP16: AccuracyGates(min_sqnr_db_vs_fp32=30.0),
-}
-_MIN_SQNR_DB_VS_FAKE_QUANT = {8: 15.0, 16: 25.0}  # by activation bits
-_MIN_COSINE_VS_FP32_QUANTIZED = 0.9
-_MIN_WEIGHT_BITS_FOR_FP32_GATE = 4  # see above: not for 2-bit weights
-
-
-def default_accuracy_gates(recipe: Recipe) -> AccuracyGates:
-    """The gates a program compiled with `recipe` must pass when InferConfig sets none."""
-    if not recipe.is_quantized:
-        return _FLOAT_GATES[recipe]
-    activation_bits, weight_bits = recipe.activation_bits, recipe.weight_bits
-    assert activation_bits is not None and weight_bits is not None  # quantized recipes have both
-    return AccuracyGates(
-        min_sqnr_db_vs_fake_quant=_MIN_SQNR_DB_VS_FAKE_QUANT[activation_bits],
-        min_cosine_vs_fp32=(
-            _MIN_COSINE_VS_FP32_QUANTIZED
-            if weight_bits >= _MIN_WEIGHT_BITS_FOR_FP32_GATE else None
-        ),
-    )
-
-
-def _gate(name: str, value: float | None, cosine: bool) -> None:
-    if value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
-        raise ConfigValidationError(name, value, "must be a number (or unset for the default)")
-    if cosine and not -1.0 <= value <= 1.0:
-        raise ConfigValidationError(name, value, "a cosine gate must lie in [-1, 1]")
-
-
-@dataclass(frozen=True)
 class InferConfig:
     """Running the program: how many timed runs, on which inputs, and the accuracy it must reach.
 
@@ -303,7 +242,7 @@ class InferConfig:
         _positive("infer.runs", self.runs)
         for f in dataclasses.fields(AccuracyGates):
             value = getattr(self, f.name)
-            _gate(f"infer.{f.name}", value, cosine="cosine" in f.name)
+            check_gate(f"infer.{f.name}", value)
             if isinstance(value, int):  # 40 and 40.0 are one gate (and one cache key)
                 object.__setattr__(self, f.name, float(value))
         if not isinstance(self.accuracy_gates, bool):
@@ -313,6 +252,12 @@ class InferConfig:
         if self.device is not None and (not isinstance(self.device, str) or not self.device):
             raise ConfigValidationError(
                 "infer.device", self.device, "an adb serial, or \"auto\" for the only device"
+            )
+        if self.etdump and self.device is not None:
+            raise ConfigValidationError(
+                "infer.etdump", True,
+                "ETDump is recorded by the host runtime; a device run reports the runner's own "
+                "timings instead: drop --etdump or --device",
             )
         if self.device_runner is not None and self.device is None:
             raise ConfigValidationError(

@@ -11,18 +11,17 @@ import pytest
 
 from qnn_common.config import (
     DEFAULT_SEED,
-    AccuracyGates,
     CompileConfig,
     InferConfig,
     PipelineContext,
     PrepareConfig,
     QuantizeConfig,
     Stage,
-    default_accuracy_gates,
     load_pipeline_toml,
     pipeline_from_mapping,
 )
 from qnn_common.errors import ConfigValidationError, PipelineError
+from qnn_common.gates import AccuracyGates, default_accuracy_gates
 from qnn_common.recipes import Backend, Recipe
 
 WriteToml = Callable[[str], Path]
@@ -669,3 +668,8 @@ def test_gates_load_from_toml(write_toml: WriteToml) -> None:
         '[pipeline]\nmodel = "m"\n[infer]\nmin_sqnr_db_vs_fake_quant = "high"\n'
     )))
     assert err.field == "infer.min_sqnr_db_vs_fake_quant" and "must be a number" in str(err)
+
+
+def test_etdump_is_host_only() -> None:
+    with pytest.raises(ConfigValidationError, match="drop --etdump or --device"):
+        InferConfig(etdump=True, device="auto")

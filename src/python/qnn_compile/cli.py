@@ -19,6 +19,15 @@ from qnn_common.recipes import Backend, Recipe, parse_enum
 from qnn_common.stages import CompileInput
 
 
+def add_htp_performance_mode_arg(parser: argparse.ArgumentParser, default: str | None) -> None:
+    """--htp-performance-mode, shared with qnn-pipeline (there None: the TOML file's or burst)."""
+    parser.add_argument("--htp-performance-mode", default=default, choices=HTP_PERFORMANCE_MODES,
+                        metavar="MODE",
+                        help="qnn: the HTP power / clock vote built into the program "
+                        f"({', '.join(HTP_PERFORMANCE_MODES)}; default: "
+                        f"{DEFAULT_HTP_PERFORMANCE_MODE})")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="qnn-compile",
@@ -34,10 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "artifact's recipe, else fp32; fp16 on qnn)")
     p.add_argument("--soc", help="target SoC (qnn backend), e.g. SM8650; the HTP arch and VTCM "
                    "size come from the SoC table")
-    p.add_argument("--htp-performance-mode", default=DEFAULT_HTP_PERFORMANCE_MODE,
-                   choices=HTP_PERFORMANCE_MODES, metavar="MODE",
-                   help="qnn: the HTP power / clock vote built into the program "
-                   f"({', '.join(HTP_PERFORMANCE_MODES)}; default: %(default)s)")
+    add_htp_performance_mode_arg(p, default=DEFAULT_HTP_PERFORMANCE_MODE)
     p.add_argument("--etrecord", action="store_true", help="also write an ETRecord for devtools")
     add_logging_args(p)
     return p

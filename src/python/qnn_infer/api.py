@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-import math
 import time
 from pathlib import Path
 from typing import Any
@@ -12,10 +10,9 @@ from typing import Any
 import numpy as np
 
 import qnn_infer
-from qnn_common.config import AccuracyGates, InferConfig, Stage
-from qnn_common.errors import ConfigValidationError, PipelineError
+from qnn_common.config import InferConfig, Stage
+from qnn_common.errors import ConfigValidationError
 from qnn_common.manifest import (
-    Manifest,
     begin_artifact,
     cache_key,
     code_version,
@@ -39,6 +36,7 @@ from qnn_common.stages import (
 )
 from qnn_common.tensorio import Sample, load_samples, save_samples
 from qnn_infer.device import device_runner
+from qnn_infer.gates import check_accuracy_gates, judge_accuracy
 from qnn_infer.measure import measure_latency
 from qnn_infer.runner import HostRunner, Runner
 from qnn_infer.runtimes import delegates_in, prepare_runtime
@@ -79,108 +77,6 @@ def compare(reference: list[Sample], actual: list[Sample]) -> dict[str, Any]:
     }
 
 
-# Each gate: its field, the comparison it reads ("vs_fp32" / "vs_fake_quant"), the metric, and the
-# qnn-infer / qnn-pipeline flag that sets it.
-_GATES: tuple[tuple[str, str, str, str], ...] = (
-    ("min_sqnr_db_vs_fp32", "vs_fp32", "sqnr_db", "--min-sqnr-db"),
-    ("min_cosine_vs_fp32", "vs_fp32", "cosine", "--min-cosine"),
-    ("min_sqnr_db_vs_fake_quant", "vs_fake_quant", "sqnr_db", "--min-sqnr-db-vs-fake-quant"),
-    ("min_cosine_vs_fake_quant", "vs_fake_quant", "cosine", "--min-cosine-vs-fake-quant"),
-)
-GATE_FLAGS: dict[str, str] = {name: flag for name, _, _, flag in _GATES}
-
-
-class AccuracyGateError(PipelineError):
-    """The program ran, but its outputs are less accurate than the infer gates allow.
-
-    The infer artifact is written and sealed anyway (its outputs are the evidence): `artifact_dir`
-    and `manifest` point at it, and `failures` lists each gate missed with the measured value.
-    """
-
-    stage = Stage.INFER
-
-    def __init__(self, artifact_dir: Path, manifest: Manifest, failures: list[dict[str, Any]],
-                 recipe: str | None) -> None:
-        self.artifact_dir = artifact_dir
-        self.manifest = manifest
-        self.failures = failures
-        what = f"this {recipe} program" if recipe else "this program"
-        missed = "; ".join(
-            f"{_LABELS[f['metric']]} {f['comparison'].replace('_', ' ')} "
-            f"{_fmt(f['value'], f['metric'])} < {_fmt(f['gate'], f['metric'])} ({f['field']})"
-            for f in failures
-        )
-        relaxed = [(f["field"], _fmt(_relaxed(f["metric"], f["value"]), "")) for f in failures]
-        flags = " ".join(f"{GATE_FLAGS[name]} {value}" for name, value in relaxed)
-        toml = ", ".join(f"{name} = {value}" for name, value in relaxed)
-        super().__init__(
-            f"infer: the outputs of {what} are below the accuracy gates: {missed}. The outputs "
-            f"are kept in {artifact_dir} for inspection. If this accuracy is expected, relax "
-            f"the gate ({flags}, or under [infer] in the TOML file: {toml}), or pass "
-            "--no-accuracy-gates to report without checking"
-        )
-
-
-_LABELS = {"sqnr_db": "SQNR", "cosine": "cosine"}
-
-
-def _fmt(value: float, metric: str) -> str:
-    text = "inf" if value == math.inf else "-inf" if value == -math.inf else f"{value:.4g}"
-    return text + (" dB" if metric == "sqnr_db" else "")
-
-
-def _relaxed(metric: str, value: float) -> float:
-    """A gate just below the measured value, to suggest in the error message."""
-    if not math.isfinite(value):
-        return -math.inf if metric == "sqnr_db" else -1.0
-    if metric == "sqnr_db":
-        return math.floor(value)
-    return max(-1.0, math.floor(value * 1000) / 1000)
-
-
-def judge_accuracy(
-    accuracy: dict[str, Any], gates: AccuracyGates, recipe: Recipe | None = None
-) -> dict[str, Any]:
-    """The gate verdict recorded in the infer manifest (`metrics.accuracy_gates`).
-
-    `ok` is True when every gate with a reference passed, False when one failed, and None when
-    there was nothing to judge (no reference for these inputs, or no gate for what there is).
-    """
-    failures: list[dict[str, Any]] = []
-    checked = 0
-    for name, comparison, metric, _ in _GATES:
-        gate = getattr(gates, name)
-        if gate is None or comparison not in accuracy:
-            continue
-        checked += 1
-        value = float(accuracy[comparison][metric])
-        # NaN (nothing comparable) fails: a gate that cannot be checked must not read as passed.
-        if not value >= gate:
-            failures.append({"field": name, "comparison": comparison, "metric": metric,
-                             "value": value, "gate": gate})
-    return {
-        "ok": None if checked == 0 else not failures,
-        "recipe": None if recipe is None else recipe.value,
-        "gates": dataclasses.asdict(gates),
-        "failures": failures,
-    }
-
-
-def check_accuracy_gates(artifact_dir: Path, manifest: Manifest) -> None:
-    """Raise AccuracyGateError if the infer artifact's recorded verdict is a failure.
-
-    Run on every infer result, fresh or cached: a cached artifact that failed its gates (same
-    program, inputs and gates) fails again rather than passing on the second run.
-    """
-    verdict = manifest.metrics.get("accuracy_gates") or {}
-    if verdict.get("ok") is False:
-        failures = [
-            {**f, "value": float(f["value"]), "gate": float(f["gate"])}  # "inf" strings in JSON
-            for f in verdict.get("failures", [])
-        ]
-        raise AccuracyGateError(artifact_dir, manifest, failures, verdict.get("recipe"))
-
-
 def run_infer(inp: InferInput) -> InferOutput:
     """Run the program on the artifact's eval inputs (or `inputs_file`), compare and time it."""
     cfg: InferConfig = inp.config
@@ -216,20 +112,21 @@ def run_infer(inp: InferInput) -> InferOutput:
 
     out = begin_artifact(inp.out_dir)
     etdump = out / ETDUMP if cfg.etdump else None
+    host: HostRunner | None = None
     runner: Runner
-    if cfg.device is not None:
+    if cfg.device is not None:  # InferConfig refuses etdump with a device
         runner = device_runner(pte, cfg, backends, runtime, arch)
     else:
         # Event tracing is switched on at load time; it also traces (and slows) the timed runs.
-        runner = HostRunner(pte, example_inputs=inputs[0], etdump_path=etdump)
+        runner = host = HostRunner(pte, example_inputs=inputs[0], etdump_path=etdump)
     t = time.perf_counter()
     outputs = [runner.run(sample) for sample in inputs]
     run_s = time.perf_counter() - t
     latency = measure_latency(runner, inputs[0], warmup=cfg.warmup, runs=cfg.runs)
     log.info("ran %d sample(s); p50 %.3f ms, p90 %.3f ms", len(inputs),
              latency["p50_ms"], latency["p90_ms"])
-    if etdump is not None and isinstance(runner, HostRunner):
-        runner.write_etdump(etdump)
+    if etdump is not None and host is not None:
+        host.write_etdump(etdump)
     save_samples(out / OUTPUTS, outputs)
 
     accuracy: dict[str, Any] = {}

@@ -11,9 +11,11 @@ from pathlib import Path
 from typing import Any
 
 from qnn_common.cli_support import add_logging_args, run_cli, setup_logging
-from qnn_common.config import AccuracyGates, InferConfig, default_accuracy_gates
+from qnn_common.config import InferConfig
+from qnn_common.gates import AccuracyGates, default_accuracy_gates
 from qnn_common.recipes import Recipe
 from qnn_common.stages import InferInput
+from qnn_infer.gates import GATES, LABELS
 
 
 def _default_gates_text() -> str:
@@ -25,6 +27,17 @@ def _default_gates_text() -> str:
     return "; ".join(f"{recipe.value}: {gates(recipe)}" for recipe in Recipe)
 
 
+def add_device_args(parser: argparse.ArgumentParser) -> None:
+    """The Android device flags, shared with qnn-pipeline."""
+    parser.add_argument("--device", metavar="SERIAL",
+                        help="run on an Android device over adb (its serial, or 'auto' for the "
+                        "only one) instead of the host, where QNN programs run on the x86 HTP "
+                        "emulator; QNN programs on a device also need QNN_SDK_ROOT")
+    parser.add_argument("--device-runner", type=Path, metavar="BINARY",
+                        help="the executor runner built for Android arm64 (e.g. "
+                        "qnn_executor_runner), for --device")
+
+
 def add_accuracy_gate_args(parser: argparse.ArgumentParser) -> None:
     """The accuracy-gate flags, shared with qnn-pipeline (its TOML keys are the dest names)."""
     g = parser.add_argument_group(
@@ -32,14 +45,10 @@ def add_accuracy_gate_args(parser: argparse.ArgumentParser) -> None:
         "a run below a gate keeps its outputs but exits with code 2; unset gates take the "
         f"default for the program's recipe ({_default_gates_text()})",
     )
-    g.add_argument("--min-sqnr-db", dest="min_sqnr_db_vs_fp32", type=float, metavar="DB",
-                   help="minimum SQNR vs the fp32 reference")
-    g.add_argument("--min-cosine", dest="min_cosine_vs_fp32", type=float, metavar="C",
-                   help="minimum cosine vs the fp32 reference")
-    g.add_argument("--min-sqnr-db-vs-fake-quant", dest="min_sqnr_db_vs_fake_quant", type=float,
-                   metavar="DB", help="minimum SQNR vs the fake-quant reference")
-    g.add_argument("--min-cosine-vs-fake-quant", dest="min_cosine_vs_fake_quant", type=float,
-                   metavar="C", help="minimum cosine vs the fake-quant reference")
+    for name, comparison, metric, flag in GATES:
+        reference = comparison.removeprefix("vs_").replace("_", "-")
+        g.add_argument(flag, dest=name, type=float, metavar="DB" if metric == "sqnr_db" else "C",
+                       help=f"minimum {LABELS[metric]} vs the {reference} reference")
     g.add_argument("--no-accuracy-gates", dest="accuracy_gates", action="store_false",
                    default=None, help="report accuracy without checking any gate")
 
@@ -66,11 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=3, help="untimed runs first (default: 3)")
     p.add_argument("--runs", type=int, default=20, help="timed runs (default: 20)")
     p.add_argument("--etdump", action="store_true", help="write an ETDump profile")
-    p.add_argument("--device", metavar="SERIAL",
-                   help="run on an Android device over adb (its serial, or 'auto' for the only "
-                   "one) instead of the host; QNN programs also need QNN_SDK_ROOT")
-    p.add_argument("--device-runner", type=Path, metavar="BINARY",
-                   help="the executor runner built for Android arm64 (e.g. qnn_executor_runner)")
+    add_device_args(p)
     add_accuracy_gate_args(p)
     add_logging_args(p)
     return p

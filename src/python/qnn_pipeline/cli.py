@@ -10,7 +10,6 @@ from typing import Any
 
 from qnn_common.cli_support import add_logging_args, run_cli, setup_logging
 from qnn_common.config import (
-    HTP_PERFORMANCE_MODES,
     PipelineContext,
     Stage,
     load_pipeline_toml,
@@ -19,7 +18,8 @@ from qnn_common.config import (
 from qnn_common.manifest import MANIFEST_NAME, load_manifest
 from qnn_common.recipes import Backend, Recipe
 from qnn_common.soc import soc_names
-from qnn_infer.cli import accuracy_gate_values, add_accuracy_gate_args
+from qnn_compile.cli import add_htp_performance_mode_arg
+from qnn_infer.cli import accuracy_gate_values, add_accuracy_gate_args, add_device_args
 
 EPILOG = """examples:
   qnn-pipeline --model minilm                      # XNNPACK 8a8w, the default
@@ -59,13 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seq-len", type=int, help="token length for text models (default: 128)")
     p.add_argument("--calibration-samples", type=int, help="default: 16")
     p.add_argument("--runs", type=int, help="timed inference runs (default: 20)")
-    p.add_argument("--htp-performance-mode", choices=HTP_PERFORMANCE_MODES, metavar="MODE",
-                   help=f"qnn: {', '.join(HTP_PERFORMANCE_MODES)} (default: burst)")
-    p.add_argument("--device", metavar="SERIAL",
-                   help="infer on an Android device over adb (serial or 'auto') instead of the "
-                   "host; QNN programs run on the host's x86 HTP emulator otherwise")
-    p.add_argument("--device-runner", type=Path, metavar="BINARY",
-                   help="the executor runner built for Android arm64, for --device")
+    add_htp_performance_mode_arg(p, default=None)
+    add_device_args(p)
     add_accuracy_gate_args(p)
     add_logging_args(p)
     return p

@@ -29,7 +29,8 @@ from qnn_common.stages import (
     QuantizeInput,
 )
 from qnn_compile.api import compile_cache_key, run_compile
-from qnn_infer.api import AccuracyGateError, check_accuracy_gates, infer_cache_key, run_infer
+from qnn_infer.api import infer_cache_key, run_infer
+from qnn_infer.gates import AccuracyGateError, check_accuracy_gates
 from qnn_prepare.api import prepare_cache_key, run_prepare
 from qnn_quant.api import quantize_cache_key, run_quantize
 

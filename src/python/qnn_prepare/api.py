@@ -18,7 +18,6 @@ from qnn_common.manifest import (
     cache_key,
     code_version,
     sha256_file,
-    to_jsonable,
     write_manifest,
 )
 from qnn_common.stages import (
@@ -134,7 +133,6 @@ def run_prepare(inp: PrepareInput) -> PrepareOutput:
             "parameters": sum(p.numel() for p in model.module.parameters()),
             "calibration_samples": len(calibration),
             "eval_samples": len(eval_inputs),
-            "calibration_source": to_jsonable(cfg.calibration_file) or "built-in",
             "calibration": calibration_summary(model, calibration, cfg.calibration_file),
         },
     )

@@ -14,7 +14,6 @@ from qnn_common.qnn_sdk import QnnSdk, check_compatible
 # What the dev SDK reports (sdk_test checks the real one).
 DEV_SDK = QnnSdk(
     root=Path("/cache/qnn-sdk/0123456789abcdef"),
-    lib_dir=Path("/cache/qnn-sdk/0123456789abcdef/lib/x86_64-linux-clang"),
     qnn_version="2.51.0",
     core_api_version="2.40.0",
     backend_api_version="5.51.0",

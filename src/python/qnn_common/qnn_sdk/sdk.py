@@ -14,21 +14,23 @@ from qnn_common.qnn_sdk.layout import ENV_SDK_ROOT, HTP_LIB, LIB_SUBDIR, SYSTEM_
 from qnn_common.qnn_sdk.probe import is_bridged, probe_libraries_cached, qnn_version
 from qnn_common.qnn_sdk.versions import version_text
 
-SOURCE_ENV = "QNN_SDK_ROOT"
-
 
 @dataclass(frozen=True)
 class QnnSdk:
     """A QNN SDK on disk, with the versions its HTP backend library reports."""
 
     root: Path  # what QNN_SDK_ROOT points at
-    lib_dir: Path  # root / "lib" / "x86_64-linux-clang"
     qnn_version: str  # "2.51.0": from the backend build id, else "2.<backend API minor>"
     core_api_version: str  # "2.40.0"
     backend_api_version: str  # "5.51.0"
     build_id: str  # what QnnBackend_getBuildId returns, "" if unavailable
     bridged: bool  # True for the project's dev SDK (htp_bridge.c in front of the real library)
     source: str  # "QNN_SDK_ROOT" or "onnxruntime-qnn==2.7.0 (x86 dev SDK, bridged)"
+
+    @property
+    def lib_dir(self) -> Path:
+        """root / "lib" / "x86_64-linux-clang": where ExecuTorch loads the libraries from."""
+        return self.root / LIB_SUBDIR
 
     def record(self) -> dict[str, object]:
         """The SDK as plain JSON values, for manifests."""
@@ -82,9 +84,9 @@ def _sdk_from_env(value: str) -> QnnSdk:
     # be assembled by hand: report it as bridged, or check_compatible would refuse a QNN 2.51.
     marker = read_marker(root)
     if marker is not None:
-        return _sdk_from_marker(root, marker, source=SOURCE_ENV)
+        return _sdk_from_marker(root, marker, source=ENV_SDK_ROOT)
     probe = probe_libraries_cached(lib_dir)
-    return _sdk_from_probe(root, probe, bridged=is_bridged(probe), source=SOURCE_ENV)
+    return _sdk_from_probe(root, probe, bridged=is_bridged(probe), source=ENV_SDK_ROOT)
 
 
 def _sdk_from_marker(root: Path, marker: dict[str, Any], *, source: str) -> QnnSdk:
@@ -94,7 +96,6 @@ def _sdk_from_marker(root: Path, marker: dict[str, Any], *, source: str) -> QnnS
 def _sdk_from_probe(root: Path, probe: dict[str, Any], *, bridged: bool, source: str) -> QnnSdk:
     return QnnSdk(
         root=root,
-        lib_dir=root / LIB_SUBDIR,
         qnn_version=qnn_version(probe),
         core_api_version=version_text(probe["core_api"]),
         backend_api_version=version_text(probe["backend_api"]),

@@ -56,16 +56,24 @@ class LoweringProvider(Protocol):
     def __call__(self, config: CompileConfig) -> BackendLowering: ...
 
 
+def _provider(backend: Backend) -> LoweringProvider:
+    # Imported lazily: a backend's module pulls in its ExecuTorch backend (QNN: an SDK check).
+    # Returned as a LoweringProvider, so mypy checks each module's entry point against it.
+    if backend is Backend.XNNPACK:
+        from qnn_compile.backends import xnnpack
+
+        return xnnpack.lowering
+    if backend is Backend.PORTABLE:
+        from qnn_compile.backends import portable
+
+        return portable.lowering
+    if backend is Backend.QNN:
+        from qnn_compile.backends import qnn
+
+        return qnn.lowering
+    raise BackendNotAvailableError(f"no lowering for backend {backend!r}")
+
+
 def lowering_for(config: CompileConfig) -> BackendLowering:
     """The lowering of `config.backend`, for `config`'s target and recipe."""
-    # Imported lazily: a backend's module pulls in its ExecuTorch backend (QNN: an SDK check).
-    if config.backend is Backend.XNNPACK:
-        from qnn_compile.backends import xnnpack as module
-    elif config.backend is Backend.PORTABLE:
-        from qnn_compile.backends import portable as module  # type: ignore[no-redef]
-    elif config.backend is Backend.QNN:
-        from qnn_compile.backends import qnn as module  # type: ignore[no-redef]
-    else:
-        raise BackendNotAvailableError(f"no lowering for backend {config.backend!r}")
-    provider: LoweringProvider = module.lowering
-    return provider(config)
+    return _provider(config.backend)(config)

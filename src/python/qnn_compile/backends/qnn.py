@@ -101,7 +101,8 @@ def lowering(config: CompileConfig) -> BackendLowering:
 
     def context() -> AbstractContextManager[None]:
         # The partitioner's op validation asks the active QnnManager; without one it makes its own.
-        return QnnManagerContext({"forward": specs})  # type: ignore[no-any-return]
+        manager: AbstractContextManager[None] = QnnManagerContext({"forward": specs})
+        return manager
 
     return BackendLowering(
         target=config.target,

@@ -34,15 +34,22 @@ class QuantizerProvider(Protocol):
     def __call__(self, spec: QuantizerSpec, gm: torch.fx.GraphModule) -> Any: ...
 
 
-def quantizer_for(spec: QuantizerSpec, gm: torch.fx.GraphModule) -> Any:
-    """The quantizer that prepares `gm` for `spec.target` at `spec.recipe`."""
+def _provider(backend: Backend) -> QuantizerProvider:
+    # Imported lazily (torchao and executorch quantizers take seconds); returned as a
+    # QuantizerProvider, so mypy checks each module's entry point against it.
     # Portable runs the standard quantized_decomposed q/dq representation XNNPACK's quantizer
     # produces; its kernels then compute exactly what fake quant computes.
-    if spec.target.backend in (Backend.XNNPACK, Backend.PORTABLE):
-        from qnn_quant.quantizers import xnnpack as module
-    elif spec.target.backend is Backend.QNN:
-        from qnn_quant.quantizers import qnn as module  # type: ignore[no-redef]
-    else:
-        raise BackendNotAvailableError(f"no quantizer for backend {spec.target.backend!r}")
-    provider: QuantizerProvider = module.quantizer
-    return provider(spec, gm)
+    if backend in (Backend.XNNPACK, Backend.PORTABLE):
+        from qnn_quant.quantizers import xnnpack
+
+        return xnnpack.quantizer
+    if backend is Backend.QNN:
+        from qnn_quant.quantizers import qnn
+
+        return qnn.quantizer
+    raise BackendNotAvailableError(f"no quantizer for backend {backend!r}")
+
+
+def quantizer_for(spec: QuantizerSpec, gm: torch.fx.GraphModule) -> Any:
+    """The quantizer that prepares `gm` for `spec.target` at `spec.recipe`."""
+    return _provider(spec.target.backend)(spec, gm)

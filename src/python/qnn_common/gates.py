@@ -1,0 +1,75 @@
+"""Accuracy gates: the minimum agreement a program's outputs must reach with their references.
+
+The defaults per recipe are written here once; `InferConfig` carries the user's overrides and
+`qnn_infer` judges a run against the result.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from qnn_common.errors import ConfigValidationError
+from qnn_common.recipes import Recipe
+
+
+@dataclass(frozen=True)
+class AccuracyGates:
+    """Minimum accuracy of a program's outputs against its references; None = not checked.
+
+    "vs fp32" compares with the fp32 eager model, "vs fake quant" with the quantizer's fake-quant
+    model (the program a quantized .pte should compute, up to rounding).
+    """
+
+    min_sqnr_db_vs_fp32: float | None = None
+    min_cosine_vs_fp32: float | None = None
+    min_sqnr_db_vs_fake_quant: float | None = None
+    min_cosine_vs_fake_quant: float | None = None
+
+
+# The default gates, per recipe: low enough that every model we measured passes with a margin,
+# high enough that a wrong program (swapped / mutated outputs, a mis-lowered op, a zero output)
+# cannot. Measured on this project's eval inputs (README tables, plus 2026-11-30 runs):
+# * fp32: tiny-cnn on XNNPACK 120 dB vs fp32 (the e2e test asks >= 60). A float program is the
+#   same arithmetic in another order, so under 40 dB (1 % RMS error) is a lowering bug.
+# * fp16: QNN HTP 65.5 dB (tiny-cnn), 41.0 dB (MiniLM, 6 layers); fp16 rounding accumulates with
+#   depth, so 30 dB (3 % RMS error, cosine ~0.9995) leaves 11 dB for deeper models.
+# * 8-bit activations: XNNPACK MiniLM 8a8w ~20 dB vs fake quant (the backend requantizes where
+#   fake quant stays float), tiny-cnn 46 dB: 15 dB keeps 5 dB margin on the worst.
+# * 16-bit activations: QNN MiniLM 16a8w 47.8 dB, tiny-llama 16a4w 54 dB, 16a4w / 16a16w 45-47
+#   dB vs fake quant: 25 dB keeps 20 dB margin and still catches a program that drifted.
+# * vs fp32, quantized: cosine 0.9 (MiniLM 8a8w 0.99, tiny-llama QNN 16a4w 0.987, MiniLM 16a8w
+#   0.9996); a broken program lands near 0. Not checked below 4-bit weights (16a2w), whose error
+#   vs fp32 is the recipe's own; the fake-quant gate still judges that program.
+_FLOAT_GATES: dict[Recipe, AccuracyGates] = {
+    Recipe.FP32: AccuracyGates(min_sqnr_db_vs_fp32=40.0),
+    Recipe.FP16: AccuracyGates(min_sqnr_db_vs_fp32=30.0),
+}
+_MIN_SQNR_DB_VS_FAKE_QUANT = {8: 15.0, 16: 25.0}  # by activation bits
+_MIN_COSINE_VS_FP32_QUANTIZED = 0.9
+_MIN_WEIGHT_BITS_FOR_FP32_GATE = 4  # see above: not for 2-bit weights
+
+
+def default_accuracy_gates(recipe: Recipe) -> AccuracyGates:
+    """The gates a program compiled with `recipe` must pass when InferConfig sets none."""
+    if not recipe.is_quantized:
+        return _FLOAT_GATES[recipe]
+    activation_bits, weight_bits = recipe.activation_bits, recipe.weight_bits
+    assert activation_bits is not None and weight_bits is not None  # quantized recipes have both
+    return AccuracyGates(
+        min_sqnr_db_vs_fake_quant=_MIN_SQNR_DB_VS_FAKE_QUANT[activation_bits],
+        min_cosine_vs_fp32=(
+            _MIN_COSINE_VS_FP32_QUANTIZED
+            if weight_bits >= _MIN_WEIGHT_BITS_FOR_FP32_GATE else None
+        ),
+    )
+
+
+def check_gate(name: str, value: float | None) -> None:
+    """Refuse a gate that is not a number, or a cosine gate outside [-1, 1]; None is unset."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
+        raise ConfigValidationError(name, value, "must be a number (or unset for the default)")
+    if "cosine" in name and not -1.0 <= value <= 1.0:
+        raise ConfigValidationError(name, value, "a cosine gate must lie in [-1, 1]")
