@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from qnn_common.cli_support import add_logging_args, setup_logging
 from qnn_common.config import CompileConfig, PipelineContext, Stage
 from qnn_common.recipes import Backend, Recipe
 from qnn_common.target import Target
@@ -116,7 +117,11 @@ def main() -> None:
     parser.add_argument("--calibration-samples", type=int, default=16)
     parser.add_argument("--runs", type=int, default=50)
     parser.add_argument("--json", type=Path, help="also write the results here")
+    add_logging_args(parser)
     args = parser.parse_args()
+    # The table is the output: stage logs and third-party noise (library FutureWarnings by the
+    # dozen, see qnn_common.noise) only with -v.
+    setup_logging(args.verbose, quiet=not args.verbose)
     torch.set_num_threads(max(1, torch.get_num_threads()))
     # One untimed pass first: imports, kernel registration and the first lowering's one-time
     # setup would otherwise be charged to whichever side runs first.

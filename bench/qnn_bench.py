@@ -19,6 +19,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from qnn_common.cli_support import add_logging_args, setup_logging
 from qnn_common.config import PipelineContext, Stage
 from qnn_common.qnn_sdk import find_qnn_sdk
 from qnn_common.recipes import Backend, Recipe
@@ -63,7 +64,11 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=32)
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--json", type=Path, help="also write the results here")
+    add_logging_args(parser)
     args = parser.parse_args()
+    # The table is the output: stage logs and third-party noise (library FutureWarnings by the
+    # dozen, see qnn_common.noise) only with -v.
+    setup_logging(args.verbose, quiet=not args.verbose)
     sdk = find_qnn_sdk()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:

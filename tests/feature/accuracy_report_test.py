@@ -39,15 +39,15 @@ def test_report_shape_and_numbers(
     json.dumps(report, allow_nan=False)  # strictly JSON-serializable
 
     assert report["num_samples"] == 3
-    (out,) = report["outputs"]
+    (out,) = report["vs_fp32"]["per_output"]
     with torch.no_grad():
         ref = np.concatenate([ep.module()(*s).numpy() for s in samples])
         fake = np.concatenate([quantized.module()(*s).numpy() for s in samples])
-    assert out["index"] == 0
+    assert out["output"] == 0
     assert out["sqnr_db"] == pytest.approx(sqnr_db(ref, fake))
     assert out["cosine"] == pytest.approx(cosine(ref, fake))
     assert out["max_abs_error"] == pytest.approx(float(np.abs(ref - fake).max()), rel=1e-5)
-    assert report["mean"]["sqnr_db"] == pytest.approx(out["sqnr_db"])
+    assert report["vs_fp32"]["sqnr_db"] == pytest.approx(out["sqnr_db"])
 
     worst = report["worst_layers"]
     assert len(worst) == 3
@@ -64,9 +64,9 @@ def test_identical_programs_report_infinite_sqnr(
     model, ep, _ = cnn_pair
     report = accuracy_report(ep, ep, [model.example_inputs], top_k=100)
     json.dumps(report, allow_nan=False)
-    assert report["outputs"][0]["sqnr_db"] == "inf"
-    assert report["outputs"][0]["cosine"] == pytest.approx(1.0)
-    assert report["outputs"][0]["max_abs_error"] == 0.0
+    assert report["vs_fp32"]["sqnr_db"] == "inf"
+    assert report["vs_fp32"]["cosine"] == pytest.approx(1.0)
+    assert report["vs_fp32"]["max_abs_error"] == 0.0
     assert len(report["worst_layers"]) == report["layers_compared"] == 7
     assert all(w["sqnr_db"] == "inf" for w in report["worst_layers"])
 
@@ -99,4 +99,4 @@ def test_layers_match_across_qnn_decompositions(tmp_path: Path) -> None:
     assert "hf.model.layers.0.self_attn.q_proj" in names
     assert "hf.lm_head" in names
     assert "scaled_dot_product_attention" not in {w["op"] for w in layers}
-    assert not math.isnan(report["mean"]["cosine"])
+    assert not math.isnan(report["vs_fp32"]["cosine"])

@@ -44,6 +44,7 @@ from typing import Any, TypeVar
 
 from qnn_common.errors import ConfigValidationError
 from qnn_common.gates import AccuracyGates, check_gate, default_accuracy_gates
+from qnn_common.llm import GenerationConfig
 from qnn_common.recipes import Backend, Recipe, check_recipe, parse_enum
 from qnn_common.soc import Soc, lookup_soc
 from qnn_common.target import Target
@@ -58,6 +59,13 @@ HTP_PERFORMANCE_MODES: tuple[str, ...] = (
 DEFAULT_HTP_PERFORMANCE_MODE = "burst"
 # LPBQ block along a linear weight's input dimension (upstream's Llama export uses the same).
 DEFAULT_LPBQ_BLOCK = 16
+# Upper bounds on work and disk a config may ask for: past these, a typo (--runs 10**9) would run
+# for days or fill a disk (every calibration / eval sample is stored in the prepare artifact).
+MAX_SEQ_LEN = 8192
+MAX_CALIBRATION_SAMPLES = 1024
+MAX_EVAL_SAMPLES = 256
+MAX_WARMUP = 1000
+MAX_RUNS = 100_000
 
 
 class Stage(enum.StrEnum):
@@ -76,6 +84,13 @@ class Stage(enum.StrEnum):
 def _positive(name: str, value: int, minimum: int = 1) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ConfigValidationError(name, value, f"must be an integer >= {minimum}")
+
+
+def _bounded(name: str, value: int, minimum: int, maximum: int, why: str) -> None:
+    """An integer in minimum..maximum; `why` says what the upper bound protects, for the message."""
+    _positive(name, value, minimum)
+    if value > maximum:
+        raise ConfigValidationError(name, value, f"must be at most {maximum:,}: {why}")
 
 
 def _normalize_enums(config: object, section: str) -> None:
@@ -100,6 +115,15 @@ class PrepareConfig:
     eval_samples: int = 4
     calibration_file: Path | None = None
     seed: int = DEFAULT_SEED
+    # Causal LMs only: export `prefill` + `decode` methods over a static KV cache (the program
+    # generates), with this context length (None: min(512, max_position_embeddings)) and prefill
+    # chunk (None: min(32, max_seq_len // 2)).
+    kv_cache: bool = False
+    max_seq_len: int | None = None
+    prefill_len: int | None = None
+    # With kv_cache: keep the cache outside the program, as the methods' inputs and outputs (for
+    # backends without mutable buffers: QNN). The pipeline sets it from the backend.
+    kv_io: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model.strip():
@@ -109,10 +133,28 @@ class PrepareConfig:
                 "name a model: a built-in (see --list-models), a Hugging Face directory, "
                 "or package.module:function",
             )
-        _positive("prepare.seq_len", self.seq_len)
-        _positive("prepare.calibration_samples", self.calibration_samples)
-        _positive("prepare.eval_samples", self.eval_samples)
+        _bounded("prepare.seq_len", self.seq_len, 2, MAX_SEQ_LEN,
+                 "a model's own limit (max_position_embeddings) is checked when it loads")
+        _bounded("prepare.calibration_samples", self.calibration_samples, 1,
+                 MAX_CALIBRATION_SAMPLES, "observers settle within a few hundred samples, and "
+                 "each one is stored in calibration.pt and run through the model")
+        _bounded("prepare.eval_samples", self.eval_samples, 1, MAX_EVAL_SAMPLES,
+                 "each one is stored with its reference outputs and run in every stage")
         _positive("prepare.seed", self.seed, minimum=0)
+        if self.max_seq_len is not None:
+            _positive("prepare.max_seq_len", self.max_seq_len, minimum=2)
+        if self.prefill_len is not None:
+            _positive("prepare.prefill_len", self.prefill_len)
+        if self.kv_io and not self.kv_cache:
+            raise ConfigValidationError(
+                "prepare.kv_io", True, "shapes a KV-cache export: set kv_cache too"
+            )
+        if (self.max_seq_len is not None or self.prefill_len is not None) and not self.kv_cache:
+            raise ConfigValidationError(
+                "prepare.max_seq_len", self.max_seq_len,
+                "max_seq_len / prefill_len shape a KV-cache export: set kv_cache too "
+                "(qnn-prepare --kv-cache, or qnn-pipeline --prompt)",
+            )
 
 
 @dataclass(frozen=True)
@@ -236,10 +278,15 @@ class InferConfig:
     min_sqnr_db_vs_fake_quant: float | None = None
     min_cosine_vs_fake_quant: float | None = None
     accuracy_gates: bool = True
+    # Causal-LM programs (prefill + decode): what to generate after the teacher-forced check.
+    # None: the default prompt and settings of `GenerationConfig`.
+    generation: GenerationConfig | None = None
 
     def __post_init__(self) -> None:
-        _positive("infer.warmup", self.warmup, minimum=0)
-        _positive("infer.runs", self.runs)
+        _bounded("infer.warmup", self.warmup, 0, MAX_WARMUP,
+                 "a few runs warm the caches; more only take time")
+        _bounded("infer.runs", self.runs, 1, MAX_RUNS,
+                 "latency quantiles settle within a few hundred runs")
         for f in dataclasses.fields(AccuracyGates):
             value = getattr(self, f.name)
             check_gate(f"infer.{f.name}", value)
@@ -296,6 +343,12 @@ class PipelineContext:
     force: bool = False
 
     def __post_init__(self) -> None:
+        if self.prepare.kv_cache and self.compile.backend is Backend.QNN and not self.prepare.kv_io:
+            raise ConfigValidationError(
+                "prepare.kv_io", False,
+                "QNN has no mutable buffers, so a KV-cache program for it keeps the cache as "
+                "inputs and outputs: set kv_io (PipelineContext.create does it for QNN)",
+            )
         if Stage.PREPARE in self.skip or Stage.COMPILE in self.skip:
             raise ConfigValidationError(
                 "pipeline.skip",
@@ -367,8 +420,11 @@ class PipelineContext:
             else _build(QuantizeConfig, "quantize", quantize or {},
                         dict(backend=backend, recipe=recipe, soc=soc))
         )
+        prepare = dict(prepare or {})
+        if backend is Backend.QNN and prepare.get("kv_cache") and "kv_io" not in prepare:
+            prepare["kv_io"] = True  # QNN has no mutable buffers: the host keeps the cache
         return cls(
-            prepare=_build(PrepareConfig, "prepare", prepare or {}, dict(model=model)),
+            prepare=_build(PrepareConfig, "prepare", prepare, dict(model=model)),
             quantize=q,
             compile=_build(CompileConfig, "compile", compile or {},
                            dict(backend=backend, recipe=recipe, soc=soc)),
@@ -519,4 +575,12 @@ def _coerce(tp: Any, value: Any, path: str) -> Any:
         if not isinstance(value, str):
             raise ConfigValidationError(path, value, "must be a string")
         return value
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):  # a table, e.g. infer.generation
+        if isinstance(value, tp):
+            return value
+        if not isinstance(value, Mapping):
+            raise ConfigValidationError(path, value, "must be a table")
+        _reject_unknown(value, tuple(f.name for f in dataclasses.fields(tp)), f"{path}.")
+        hints = typing.get_type_hints(tp)
+        return tp(**{k: _coerce(hints[k], v, f"{path}.{k}") for k, v in value.items()})
     raise TypeError(f"no TOML conversion for {tp!r} at {path}")  # a bug in this module

@@ -374,7 +374,7 @@ def test_load_unknown_stage_key_names_path_and_lists_allowed(write_toml: WriteTo
     msg = str(err)
     assert msg.startswith("prepare.seqlen: 64 is invalid: unknown key")
     assert err.allowed == ("seq_len", "calibration_samples", "eval_samples", "calibration_file",
-                           "seed")
+                           "seed", "kv_cache", "max_seq_len", "prefill_len", "kv_io")
     assert "seq_len" in msg
 
 
@@ -673,3 +673,28 @@ def test_gates_load_from_toml(write_toml: WriteToml) -> None:
 def test_etdump_is_host_only() -> None:
     with pytest.raises(ConfigValidationError, match="drop --etdump or --device"):
         InferConfig(etdump=True, device="auto")
+
+
+def test_kv_cache_settings_need_kv_cache_and_qnn_gets_kv_io() -> None:
+    with pytest.raises(ConfigValidationError, match="set kv_cache too"):
+        PrepareConfig(model="tiny-llama", max_seq_len=64)
+    with pytest.raises(ConfigValidationError, match="set kv_cache too"):
+        PrepareConfig(model="tiny-llama", kv_io=True)
+    ctx = PipelineContext.create("tiny-llama", backend="qnn", soc="SM8650", recipe="16a4w",
+                                 prepare={"kv_cache": True})
+    assert ctx.prepare.kv_io  # QNN has no mutable buffers: the host keeps the cache
+    xnn = PipelineContext.create("tiny-llama", prepare={"kv_cache": True})
+    assert not xnn.prepare.kv_io
+
+
+def test_generation_table_loads_from_toml(write_toml: WriteToml) -> None:
+    ctx = load_pipeline_toml(write_toml(
+        '[pipeline]\nmodel="tiny-llama"\n[prepare]\nkv_cache = true\n'
+        '[infer.generation]\nprompt = "Hi"\nmax_new_tokens = 4\ntop_k = 3\n'
+    ))
+    assert ctx.infer.generation is not None
+    assert (ctx.infer.generation.prompt, ctx.infer.generation.top_k) == ("Hi", 3)
+    with pytest.raises(ConfigValidationError, match="infer.generation.topk"):
+        load_pipeline_toml(write_toml(
+            '[pipeline]\nmodel="m"\n[infer.generation]\ntopk = 3\n'
+        ))

@@ -1,41 +1,64 @@
 """The on-disk artifact contract: one directory per stage output, sealed by `manifest.json`.
 
-A stage writes its files into its artifact directory (each atomically: temp file + rename), then
-calls `write_manifest`, which hashes every file and writes `manifest.json` last, also atomically.
-The manifest is the commit marker: a directory without one is an interrupted run and is refused.
-`load_manifest` re-hashes every listed file and refuses a tampered, truncated or foreign artifact
-with the path and the reason.
+A stage calls `begin_artifact` (artifact_dir) for a fresh staging directory, writes its files there
+(each atomically: temp file + rename), then calls `write_manifest`, which refuses to seal a file it
+was not told about, hashes every listed file, writes `manifest.json` last and renames the directory
+into place. The manifest is the commit marker, and it vouches only for what it checks:
+
+* every listed file's sha256 and size, and nothing else: a directory holding an unlisted file is
+  refused, so a stage can only ever read files the manifest vouches for;
+* its own content: `digest` is the sha256 of the manifest's canonical JSON without that field,
+  so an edited config or metric is refused rather than shown;
+* its cache key: `key_basis` records the versions the key was computed from, so that
+  `load_manifest(expect_cache_key=...)` can recompute the key from the recorded config and inputs
+  and reuse a cached artifact only if they reproduce it.
+
+`load_manifest` checks all of it and refuses a tampered, truncated or foreign artifact with the
+path and the reason.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
 import importlib.metadata
 import json
 import math
-import os
 import platform
-import shutil
 import sys
-import tempfile
 import time
 import types
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, is_dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, is_dataclass, replace
 from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from qnn_common.artifact_dir import FORMAT as FORMAT
+from qnn_common.artifact_dir import MANIFEST_NAME as MANIFEST_NAME
+from qnn_common.artifact_dir import begin_artifact as begin_artifact
+from qnn_common.artifact_dir import is_staging, publish_artifact
+from qnn_common.atomic import atomic_copy as atomic_copy
+from qnn_common.atomic import atomic_path as atomic_path
+from qnn_common.atomic import atomic_save as atomic_save
+from qnn_common.atomic import atomic_write_bytes as atomic_write_bytes
+from qnn_common.atomic import atomic_write_text as atomic_write_text
+from qnn_common.atomic import is_temp_name
 from qnn_common.errors import ArtifactError
 
-MANIFEST_NAME = "manifest.json"
-FORMAT = "qnn-pipeline-artifact"
-SCHEMA_VERSION = 1
+# 2: the manifest's own digest, key_basis, and no unlisted files in an artifact directory.
+SCHEMA_VERSION = 2
 
 # Versions recorded in every manifest (distribution names, looked up without importing them).
 TRACKED_DISTRIBUTIONS = ("torch", "executorch", "torchao", "transformers", "numpy")
+
+# What an artifact *is*, as opposed to when and how fast it was made (timings, created_unix) or
+# what was measured on it (metrics): the downstream stages' input digest covers only these, so
+# the same inputs give the same cache keys and directory names on every machine and rerun.
+_IDENTITY_FIELDS = tuple(
+    "format schema_version stage package package_version config inputs files cache_key key_basis "
+    "tools".split()
+)
 
 
 @dataclass(frozen=True)
@@ -62,81 +85,37 @@ class Manifest:
     timings: Mapping[str, float] = field(default_factory=dict)
     metrics: Mapping[str, Any] = field(default_factory=dict)
     created_unix: float = 0.0
+    # The cache key's ingredients other than config and inputs (see cache_key).
+    key_basis: Mapping[str, Any] = field(default_factory=dict)
     schema_version: int = SCHEMA_VERSION
     format: str = FORMAT
+    digest: str = ""  # sha256 of the canonical JSON of every other field
 
     def file(self, name: str) -> FileEntry | None:
         """The entry for `name`, or None if the artifact has no such file."""
         return next((f for f in self.files if f.path == name), None)
 
     def to_json(self) -> str:
+        """The manifest as stored: indented JSON with sorted keys."""
+        return json.dumps(self._plain(), indent=2, sort_keys=True) + "\n"
+
+    def _plain(self) -> dict[str, Any]:
         data = asdict(self)
         data["files"] = [asdict(f) for f in self.files]
-        return json.dumps(to_jsonable(data), indent=2, sort_keys=True) + "\n"
+        return dict(to_jsonable(data))
+
+    def sealed(self) -> Manifest:
+        """This manifest with `digest` set to the digest of its content."""
+        return replace(self, digest=_content_digest(self._plain()))
 
 
-# --- atomic writes ---------------------------------------------------------------------------
+def _canonical_sha256(data: Any) -> str:
+    blob = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(blob.encode()).hexdigest()
 
 
-@contextlib.contextmanager
-def atomic_path(path: Path) -> Iterator[Path]:
-    """Yield a temp path beside `path`; on success rename it over `path`, on failure delete it.
-
-    The temp file lives in the same directory so the final `os.replace` is an atomic rename: a
-    reader sees the old file or the complete new one, never a partial write.
-    """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # Keep the real suffix last: torch.export.save warns about archives not ending in .pt2.
-    fd, tmp_name = tempfile.mkstemp(
-        prefix=f".{path.stem}.", suffix=f".tmp{path.suffix}", dir=path.parent
-    )
-    os.close(fd)
-    # mkstemp creates 0600; artifacts are shared files, so honour the umask like open() does.
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp_name, 0o666 & ~umask)
-    tmp = Path(tmp_name)
-    try:
-        yield tmp
-        with open(tmp, "rb+") as fh:
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write `data` to `path` atomically."""
-    with atomic_path(path) as tmp:
-        tmp.write_bytes(data)
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write `text` (UTF-8) to `path` atomically."""
-    atomic_write_bytes(path, text.encode("utf-8"))
-
-
-def atomic_save(path: Path, writer: Callable[[Path], None]) -> None:
-    """Let `writer` write to a temp path, then rename it to `path` (e.g. torch.export.save)."""
-    with atomic_path(path) as tmp:
-        writer(tmp)
-
-
-def begin_artifact(artifact_dir: Path) -> Path:
-    """Create `artifact_dir` and unseal it (drop an old manifest) before writing new files.
-
-    Without this, a run interrupted while overwriting an old artifact would leave old seal + new
-    files; `load_manifest` would catch the mismatch, but unsealing first says what happened.
-    """
-    artifact_dir.mkdir(parents=True, exist_ok=True)
-    (artifact_dir / MANIFEST_NAME).unlink(missing_ok=True)
-    return artifact_dir
-
-
-def atomic_copy(src: Path, dst: Path) -> None:
-    """Copy a file atomically (for files carried forward from an upstream artifact)."""
-    with atomic_path(dst) as tmp:
-        shutil.copyfile(src, tmp)
+def _content_digest(plain: Mapping[str, Any]) -> str:
+    return _canonical_sha256({k: v for k, v in plain.items() if k != "digest"})
 
 
 # --- digests and versions --------------------------------------------------------------------
@@ -186,6 +165,11 @@ def code_version(package: types.ModuleType) -> str:
     return f"{package.__version__}+{h.hexdigest()[:12]}"
 
 
+# Cache key -> its basis, for every key this process computed: write_manifest records the basis
+# of the key it is given, which a later run needs to recompute the key from the manifest.
+_KEY_BASES: dict[str, dict[str, Any]] = {}
+
+
 def cache_key(
     stage: str, config: Any, input_digests: Mapping[str, str], package_version: str
 ) -> str:
@@ -195,14 +179,25 @@ def cache_key(
     artifact instead of recomputing it. Tool versions are part of the key too: a torch or
     executorch upgrade invalidates every cached artifact.
     """
-    payload = {
-        "stage": stage,
-        "config": to_jsonable(config),
-        "inputs": dict(sorted(input_digests.items())),
+    basis = {
         "package_version": package_version,
         "contracts_version": code_version(sys.modules[__package__ or "qnn_common"]),
         "tools": tool_versions(),
         "schema_version": SCHEMA_VERSION,
+    }
+    key = _key_from(stage, config, input_digests, basis)
+    _KEY_BASES[key] = basis
+    return key
+
+
+def _key_from(
+    stage: str, config: Any, input_digests: Mapping[str, str], basis: Mapping[str, Any]
+) -> str:
+    payload = {
+        "stage": stage,
+        "config": to_jsonable(config),
+        "inputs": dict(sorted(input_digests.items())),
+        **basis,
     }
     blob = json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()
     return hashlib.sha256(blob).hexdigest()
@@ -237,8 +232,13 @@ def write_manifest(
     metrics: Mapping[str, Any] | None = None,
     extra_tools: Mapping[str, str] | None = None,
 ) -> Manifest:
-    """Hash `files` (relative to `artifact_dir`) and seal the artifact with `manifest.json`."""
-    entries = []
+    """Hash `files` (relative to `artifact_dir`) and seal the artifact with `manifest.json`.
+
+    Temp files an interrupted write left are deleted first; any other file that is not listed is
+    refused (sealing it would make the artifact carry a file nobody vouches for). If
+    `artifact_dir` came from `begin_artifact`, the sealed directory is then renamed into place.
+    """
+    listed = {Path(rel) for rel in files}
     for rel in sorted(set(files)):
         p = artifact_dir / rel
         if Path(rel).is_absolute() or ".." in Path(rel).parts:
@@ -247,6 +247,18 @@ def write_manifest(
             raise ArtifactError(p, f"{MANIFEST_NAME} is the seal itself; don't list it")
         if not p.is_file():
             raise ArtifactError(p, "listed as an output but was not written")
+    for extra in _unlisted(artifact_dir, listed):
+        if is_temp_name(extra.name):
+            extra.unlink(missing_ok=True)  # orphaned by a killed write; never sealed
+        else:
+            raise ArtifactError(
+                extra,
+                "is in the artifact directory but not listed as an output; refusing to "
+                "seal a file the manifest would not vouch for (list it, or don't write it there)",
+            )
+    entries = []
+    for rel in sorted(set(files)):
+        p = artifact_dir / rel
         entries.append(FileEntry(rel, sha256_file(p), p.stat().st_size))
     manifest = Manifest(
         stage=stage,
@@ -260,24 +272,51 @@ def write_manifest(
         timings=dict(timings or {}),
         metrics=to_jsonable(dict(metrics or {})),
         created_unix=round(time.time(), 3),
-    )
+        key_basis=_KEY_BASES.get(cache_key, {}),
+    ).sealed()
     atomic_write_text(artifact_dir / MANIFEST_NAME, manifest.to_json())
+    if is_staging(artifact_dir):
+        publish_artifact(artifact_dir)
     return manifest
 
 
+def _unlisted(artifact_dir: Path, listed: set[Path]) -> list[Path]:
+    """Files under `artifact_dir` that are neither listed nor the manifest."""
+    return sorted(
+        p
+        for p in artifact_dir.rglob("*")
+        if not p.is_dir()
+        and (rel := p.relative_to(artifact_dir)) not in listed
+        and rel != Path(MANIFEST_NAME)
+    )
+
+
 def manifest_digest(artifact_dir: Path) -> str:
-    """sha256 of an artifact's manifest.json: the digest a downstream stage records as its input."""
-    return sha256_file(artifact_dir / MANIFEST_NAME)
+    """The digest a downstream stage records as its input: of what the artifact is.
+
+    It covers the manifest's identity (stage, package, config, inputs, every file's sha256, cache
+    key and tools), not its timings, creation time or metrics, so rerunning a stage on the same
+    inputs gives downstream stages the same cache keys. The manifest's own digest is checked.
+    """
+    manifest = load_manifest(artifact_dir, verify=False)
+    plain = manifest._plain()
+    return _canonical_sha256({k: plain[k] for k in _IDENTITY_FIELDS})
 
 
 def load_manifest(
-    artifact_dir: Path, *, expect_stage: str | Sequence[str] | None = None, verify: bool = True
+    artifact_dir: Path,
+    *,
+    expect_stage: str | Sequence[str] | None = None,
+    verify: bool = True,
+    expect_cache_key: str | None = None,
 ) -> Manifest:
     """Read and check an artifact; raise ArtifactError naming the path and the reason.
 
     Refuses: a missing directory or manifest (an interrupted or foreign output), a manifest that
-    is not ours or of another schema, a stage other than `expect_stage`, and (with `verify`) any
-    listed file that is missing or whose size or sha256 differ from the record.
+    is not ours or of another schema, or whose content does not match its own digest (edited),
+    a stage other than `expect_stage`, and a cache key other than `expect_cache_key` or one its
+    recorded config and inputs do not reproduce. With `verify`, also any listed file that is
+    missing or whose size or sha256 differ from the record, and any file that is not listed.
     """
     artifact_dir = Path(artifact_dir)
     path = artifact_dir / MANIFEST_NAME
@@ -301,6 +340,12 @@ def load_manifest(
             f"schema version {raw.get('schema_version')!r}, this tool reads {SCHEMA_VERSION}; "
             "rerun the stage with this version",
         )
+    if raw.get("digest") != _content_digest(raw):
+        raise ArtifactError(
+            path,
+            "content does not match the manifest's own digest: it was edited after the stage "
+            "sealed it, so nothing it records can be trusted; rerun the stage that made it",
+        )
     try:
         files = tuple(FileEntry(**f) for f in raw.pop("files"))
         manifest = Manifest(files=files, **raw)
@@ -315,10 +360,36 @@ def load_manifest(
                 artifact_dir,
                 f"is a {manifest.stage} artifact; expected {' or '.join(wanted)}",
             )
+    if expect_cache_key is not None:
+        _check_cache_key(path, manifest, expect_cache_key)
     if verify:
         for entry in manifest.files:
             _verify_entry(artifact_dir, entry)
+        listed = {Path(f.path) for f in manifest.files}
+        for extra in _unlisted(artifact_dir, listed):
+            raise ArtifactError(
+                extra,
+                "is not listed in the artifact's manifest, which vouches only for listed files; "
+                "remove it, or rerun the stage that made the artifact",
+            )
     return manifest
+
+
+def _check_cache_key(path: Path, manifest: Manifest, expected: str) -> None:
+    if manifest.cache_key != expected:
+        raise ArtifactError(
+            path,
+            f"made for cache key {manifest.cache_key[:12]}..., expected {expected[:12]}...; "
+            "rerun the stage",
+        )
+    recomputed = _key_from(manifest.stage, manifest.config, manifest.inputs, manifest.key_basis)
+    if recomputed != expected:
+        raise ArtifactError(
+            path,
+            "its recorded config, inputs and versions do not reproduce its cache key "
+            f"({recomputed[:12]}... != {expected[:12]}...), so it cannot vouch for being this "
+            "stage's output; rerun the stage",
+        )
 
 
 def _verify_entry(artifact_dir: Path, entry: FileEntry) -> None:
@@ -337,6 +408,7 @@ def _verify_entry(artifact_dir: Path, entry: FileEntry) -> None:
     digest = sha256_file(p)
     if digest != entry.sha256:
         raise ArtifactError(
-            p, f"sha256 {digest[:12]}..., manifest says {entry.sha256[:12]}... (modified); "
-            "rerun the stage"
+            p,
+            f"sha256 {digest[:12]}..., manifest says {entry.sha256[:12]}... (modified); "
+            "rerun the stage",
         )

@@ -73,6 +73,14 @@ def _load_error(artifact_dir: Path, **kwargs: Any) -> ArtifactError:
     return info.value
 
 
+def _write_resealed(artifact_dir: Path, raw: dict[str, Any]) -> None:
+    """Write `raw` as the manifest with its own digest recomputed, as a careful forger would: the
+    checks behind the self-digest must still refuse it."""
+    raw = {k: v for k, v in raw.items() if k != "digest"}
+    raw["digest"] = manifest_mod._content_digest(raw)
+    (artifact_dir / MANIFEST_NAME).write_text(json.dumps(raw), encoding="utf-8")
+
+
 def _rewrite_manifest(artifact_dir: Path, **changes: Any) -> None:
     path = artifact_dir / MANIFEST_NAME
     raw = json.loads(path.read_text(encoding="utf-8"))
@@ -119,7 +127,10 @@ def test_manifest_is_stable_sorted_json(tmp_path: Path) -> None:
 
 def test_config_dataclass_is_stored_as_plain_json(tmp_path: Path) -> None:
     ctx = PipelineContext.create(
-        "m", backend=Backend.QNN, recipe=Recipe.A16W16, soc="SM8650",
+        "m",
+        backend=Backend.QNN,
+        recipe=Recipe.A16W16,
+        soc="SM8650",
         skip=frozenset({Stage.INFER}),
     )
     _seal(tmp_path, config=ctx)
@@ -139,8 +150,14 @@ def test_files_in_subdirectories(tmp_path: Path) -> None:
 def test_duplicate_file_names_are_listed_once(tmp_path: Path) -> None:
     (tmp_path / "a").write_bytes(b"x")
     m = write_manifest(
-        tmp_path, stage="s", package="p", package_version="1", config={}, inputs={},
-        files=["a", "a"], cache_key="k",
+        tmp_path,
+        stage="s",
+        package="p",
+        package_version="1",
+        config={},
+        inputs={},
+        files=["a", "a"],
+        cache_key="k",
     )
     assert [f.path for f in m.files] == ["a"]
 
@@ -271,7 +288,7 @@ def test_manifest_that_is_not_json(tmp_path: Path, data: bytes) -> None:
     assert "not valid JSON" in str(err)
 
 
-@pytest.mark.parametrize("version", [2, 0, "1", None])
+@pytest.mark.parametrize("version", [1, SCHEMA_VERSION + 1, 0, "1", None])
 def test_wrong_schema_version(tmp_path: Path, version: object) -> None:
     _seal(tmp_path)
     _rewrite_manifest(tmp_path, schema_version=version)
@@ -291,7 +308,7 @@ def test_malformed_manifest(tmp_path: Path, changes: dict[str, Any]) -> None:
     raw.update(changes)
     if changes == {"stage": None}:
         del raw["stage"]
-    (tmp_path / MANIFEST_NAME).write_text(json.dumps(raw), encoding="utf-8")
+    _write_resealed(tmp_path, raw)
     err = _load_error(tmp_path)
     assert err.path == tmp_path / MANIFEST_NAME
     assert "malformed" in str(err)
@@ -301,7 +318,7 @@ def test_manifest_without_files_key_is_malformed(tmp_path: Path) -> None:
     _seal(tmp_path)
     raw = json.loads((tmp_path / MANIFEST_NAME).read_text(encoding="utf-8"))
     del raw["files"]
-    (tmp_path / MANIFEST_NAME).write_text(json.dumps(raw), encoding="utf-8")
+    _write_resealed(tmp_path, raw)
     assert "malformed" in str(_load_error(tmp_path))
 
 
@@ -333,7 +350,7 @@ def test_path_traversal_entries_are_refused(tmp_path: Path, entry_path: str) -> 
     raw["files"].append(
         {"path": entry_path, "sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
     )
-    (artifact_dir / MANIFEST_NAME).write_text(json.dumps(raw), encoding="utf-8")
+    _write_resealed(artifact_dir, raw)
     err = _load_error(artifact_dir)
     assert entry_path in str(err)
     assert "outside the artifact directory" in str(err)
@@ -342,8 +359,14 @@ def test_path_traversal_entries_are_refused(tmp_path: Path, entry_path: str) -> 
 def test_write_refuses_a_file_that_was_not_written(tmp_path: Path) -> None:
     with pytest.raises(ArtifactError) as info:
         write_manifest(
-            tmp_path, stage="s", package="p", package_version="1", config={}, inputs={},
-            files=["ghost.pt"], cache_key="k",
+            tmp_path,
+            stage="s",
+            package="p",
+            package_version="1",
+            config={},
+            inputs={},
+            files=["ghost.pt"],
+            cache_key="k",
         )
     assert info.value.path == tmp_path / "ghost.pt"
     assert "not written" in str(info.value)
@@ -358,19 +381,41 @@ def test_write_refuses_paths_it_could_not_verify(tmp_path: Path, rel: str) -> No
     (artifact_dir / MANIFEST_NAME).write_text("{}", encoding="utf-8")
     with pytest.raises(ArtifactError) as info:
         write_manifest(
-            artifact_dir, stage="s", package="p", package_version="1", config={}, inputs={},
-            files=[rel], cache_key="k",
+            artifact_dir,
+            stage="s",
+            package="p",
+            package_version="1",
+            config={},
+            inputs={},
+            files=[rel],
+            cache_key="k",
         )
     assert rel in str(info.value)
     assert "inside the artifact directory" in str(info.value) or "seal itself" in str(info.value)
     assert (artifact_dir / MANIFEST_NAME).read_text(encoding="utf-8") == "{}"
 
 
-def test_manifest_digest(tmp_path: Path) -> None:
+def test_manifest_digest_is_of_identity_not_timings(tmp_path: Path) -> None:
     _seal(tmp_path)
     digest = manifest_digest(tmp_path)
-    assert digest == hashlib.sha256((tmp_path / MANIFEST_NAME).read_bytes()).hexdigest()
-    _seal(tmp_path, {"other": b"x"})
+    assert len(digest) == 64
+    # Sealed again later (another created_unix), with other timings and metrics: same artifact.
+    write_manifest(
+        tmp_path,
+        stage="prepare",
+        package="qnn-prepare",
+        package_version="0.1.0",
+        config={"model": "m", "seq_len": 8},
+        inputs={"model": "abc123"},
+        files=list(FILES),
+        cache_key="k" * 64,
+        timings={"total_s": 9.0},
+        metrics={"latency": 3},
+        extra_tools={"qnn_sdk": "2.40"},
+    )
+    assert manifest_digest(tmp_path) == digest
+    (tmp_path / "other").write_bytes(b"x")
+    _seal(tmp_path, {**FILES, "other": b"x"})
     assert manifest_digest(tmp_path) != digest
 
 
@@ -452,7 +497,7 @@ def test_failed_manifest_write_keeps_old_seal(
 
     monkeypatch.setattr(Manifest, "to_json", broken_to_json)
     with pytest.raises(RuntimeError):
-        _seal(tmp_path, {"new": b"n"})
+        _seal(tmp_path, {**FILES, "new": b"n"})
     assert (tmp_path / MANIFEST_NAME).read_bytes() == before
     assert not [n for n in os.listdir(tmp_path) if ".tmp" in n]
 

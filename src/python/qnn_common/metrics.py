@@ -16,6 +16,8 @@ results equal the functions applied to the concatenation of everything it was fe
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -108,3 +110,73 @@ class ErrorStats:
     def max_abs_error(self) -> float:
         """Largest absolute difference seen so far."""
         return self._max_abs
+
+
+
+def json_float(x: float) -> float | str:
+    """x, or its name ("inf", "-inf", "nan") for the values strict JSON cannot hold."""
+    if math.isinf(x):
+        return "inf" if x > 0 else "-inf"
+    if math.isnan(x):
+        return "nan"
+    return x
+
+
+def accuracy_record(
+    per_output: Sequence[ErrorStats], argmax_agreement: float | None = None
+) -> dict[str, Any]:
+    """The one accuracy record every stage writes for "program A vs reference B".
+
+    ``sqnr_db`` and ``cosine`` are the worst over the outputs, ``max_abs_error`` the largest, each
+    output's over all samples concatenated (``per_output`` lists them); a causal LM's record adds
+    ``argmax_agreement``. Infinities are written as strings (JSON has none).
+    """
+    if not per_output:
+        raise ValueError("no outputs to compare")
+    record: dict[str, Any] = {
+        "sqnr_db": json_float(min(s.sqnr_db for s in per_output)),
+        "cosine": json_float(min(s.cosine for s in per_output)),
+        "max_abs_error": max(s.max_abs_error for s in per_output),
+        "per_output": [
+            {"output": i, "sqnr_db": json_float(s.sqnr_db), "cosine": json_float(s.cosine),
+             "max_abs_error": s.max_abs_error}
+            for i, s in enumerate(per_output)
+        ],
+    }
+    if argmax_agreement is not None:
+        record["argmax_agreement"] = argmax_agreement
+    return record
+
+
+def compare_samples(
+    reference: Sequence[Sequence[ArrayLike]], actual: Sequence[Sequence[ArrayLike]]
+) -> dict[str, Any]:
+    """`accuracy_record` of `actual` against `reference`: lists of samples, each a tuple of
+    outputs; the two must agree in sample and output counts and in every output's size."""
+    if len(reference) != len(actual) or not reference:
+        raise ValueError(f"{len(actual)} samples to compare with {len(reference)} references")
+    stats = [ErrorStats() for _ in reference[0]]
+    for ref, got in zip(reference, actual, strict=True):
+        if len(ref) != len(stats) or len(got) != len(stats):
+            raise ValueError(f"expected {len(stats)} outputs per sample, got {len(got)}")
+        for s, r, y in zip(stats, ref, got, strict=True):
+            s.update(r, y)
+    return accuracy_record(stats)
+
+
+def logits_accuracy(
+    reference: Sequence[ArrayLike], actual: Sequence[ArrayLike]
+) -> dict[str, Any]:
+    """`accuracy_record` of a causal LM's logits ([positions, vocab] per text), with the fraction
+    of positions whose most likely next token agrees: the number that decides generated text."""
+    if len(reference) != len(actual):
+        raise ValueError(f"{len(actual)} logits arrays for {len(reference)} references")
+    stats = ErrorStats()
+    same = total = 0
+    for ref, x in zip(reference, actual, strict=True):
+        r = np.asarray(ref, dtype=np.float64)
+        y = np.asarray(x, dtype=np.float64)
+        stats.update(r, y)
+        same += int(np.sum(r.argmax(-1) == y.argmax(-1)))
+        total += int(np.prod(r.shape[:-1]))
+    return accuracy_record([stats], argmax_agreement=same / total if total else 0.0)

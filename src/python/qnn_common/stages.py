@@ -12,11 +12,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from qnn_common.config import CompileConfig, InferConfig, PrepareConfig, QuantizeConfig
 from qnn_common.errors import ArtifactError, PipelineError
+from qnn_common.llm import LlmSpec
 from qnn_common.manifest import Manifest
 from qnn_common.recipes import Recipe
 from qnn_common.target import Target
+from qnn_common.tensorio import load_samples
 
 # File names inside artifact directories.
 PROGRAM = "program.pt2"  # a torch.export ExportedProgram (fp32 or PT2E-quantized)
@@ -29,6 +33,46 @@ OUTPUTS = "outputs.pt"  # infer: the program's outputs on its inputs
 TOKENIZER_DIR = "tokenizer"
 ETRECORD = "etrecord.bin"
 ETDUMP = "etdump.etdp"
+# A program with several methods (a causal LM's prefill + decode) keeps one .pt2 per method here;
+# for it, calibration / eval inputs hold token sequences and the references their logits.
+METHODS_DIR = "methods"
+ROPE_TABLE = "rope_table.pt"  # a KV-as-inputs LLM's (cos, sin) per position, fed by the host
+DEFAULT_METHOD = "forward"
+
+
+def method_program(method: str) -> str:
+    """The file of one method's exported program in a multi-method artifact."""
+    return f"{METHODS_DIR}/{method}.pt2"
+
+
+def program_files(manifest: Manifest) -> dict[str, str]:
+    """Method name -> exported program file of a prepare or quantize artifact."""
+    methods = manifest.metrics.get("methods")
+    if not methods:
+        return {DEFAULT_METHOD: PROGRAM}
+    return {str(m): method_program(str(m)) for m in methods}
+
+
+def rope_of(source: Path, manifest: Manifest) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The rotary table a KV-as-inputs LLM artifact carries, or None."""
+    if manifest.file(ROPE_TABLE) is None:
+        return None
+    samples = load_samples(source / ROPE_TABLE)
+    if len(samples) != 1 or len(samples[0]) != 2:
+        raise ArtifactError(source / ROPE_TABLE, "expected one (cos, sin) pair")
+    cos, sin = samples[0]
+    return cos, sin
+
+
+def llm_spec_of(source: Path, manifest: Manifest) -> LlmSpec | None:
+    """The causal-LM shapes an artifact was exported with, or None for other programs."""
+    data = manifest.metrics.get("llm")
+    if not isinstance(data, dict):
+        return None
+    try:
+        return LlmSpec.from_json(data)
+    except (KeyError, TypeError, ValueError) as err:
+        raise ArtifactError(source, f"its manifest's llm record is invalid ({err})") from err
 
 
 def _require(path: Path, what: str) -> None:

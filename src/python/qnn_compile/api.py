@@ -10,6 +10,8 @@ import logging
 import time
 from pathlib import Path
 
+from torch.export import ExportedProgram
+
 import qnn_compile
 from qnn_common.config import CompileConfig, Stage
 from qnn_common.errors import ConfigValidationError
@@ -27,14 +29,18 @@ from qnn_common.manifest import (
 )
 from qnn_common.recipes import Backend
 from qnn_common.stages import (
+    DEFAULT_METHOD,
     ETRECORD,
     EVAL_INPUTS,
     PROGRAM,
     PTE,
     REFERENCE_FAKE_QUANT,
     REFERENCE_FP32,
+    ROPE_TABLE,
     CompileInput,
     CompileOutput,
+    llm_spec_of,
+    program_files,
     quantized_for,
 )
 from qnn_common.tensorio import load_program
@@ -100,8 +106,13 @@ def run_compile(inp: CompileInput) -> CompileOutput:
     # chipset is a clear error with nothing left behind.
     lowering = lowering_for(cfg)
     digests = {**digests, **_toolchain_digests(cfg)}
-    program = load_program(program_path)
-    out = begin_artifact(inp.out_dir)
+    method_files = program_files(upstream) if upstream is not None else None
+    program: ExportedProgram | dict[str, ExportedProgram]
+    if method_files is None or list(method_files) == [DEFAULT_METHOD]:
+        program = load_program(program_path)
+    else:
+        program = {m: load_program(inp.source / f) for m, f in method_files.items()}
+    out = begin_artifact(inp.out_dir, inputs=[inp.source])
 
     t = time.perf_counter()
     etrecord = out / ETRECORD if cfg.etrecord else None
@@ -116,7 +127,7 @@ def run_compile(inp: CompileInput) -> CompileOutput:
 
     files = [PTE] + ([ETRECORD] if etrecord is not None else [])
     if upstream is not None:
-        carry = [EVAL_INPUTS, REFERENCE_FP32, REFERENCE_FAKE_QUANT]
+        carry = [EVAL_INPUTS, REFERENCE_FP32, REFERENCE_FAKE_QUANT, ROPE_TABLE]
         carry += [f.path for f in upstream.files if f.path.startswith("tokenizer/")]
         for name in (n for n in carry if upstream.file(n) is not None):
             atomic_copy(inp.source / name, out / name)
@@ -140,7 +151,16 @@ def run_compile(inp: CompileInput) -> CompileOutput:
             "non_delegated_ops": lowered.non_delegated_ops,
             "partitions": lowered.partitions,
             "non_delegated_op_counts": lowered.op_counts,
+            **_llm_record(inp.source, upstream),
         },
         extra_tools=lowering.tools,
     )
-    return CompileOutput(out, manifest)
+    return CompileOutput(inp.out_dir, manifest)
+
+
+def _llm_record(source: Path, upstream: Manifest | None) -> dict[str, object]:
+    """The methods and LLM shapes, carried forward so that infer can drive the program."""
+    spec = llm_spec_of(source, upstream) if upstream is not None else None
+    if upstream is None or spec is None:
+        return {}
+    return {"kind": "causal-lm", "methods": list(program_files(upstream)), "llm": spec.to_json()}

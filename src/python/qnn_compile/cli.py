@@ -7,7 +7,14 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from qnn_common.cli_support import add_logging_args, run_cli, setup_logging
+from qnn_common.cli_support import (
+    EXIT_CODES_HELP,
+    add_logging_args,
+    check_output_writable,
+    check_path_args,
+    run_cli,
+    setup_logging,
+)
 from qnn_common.config import (
     DEFAULT_HTP_PERFORMANCE_MODE,
     HTP_PERFORMANCE_MODES,
@@ -33,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="qnn-compile",
         description="Lower an exported program to an ExecuTorch .pte. SOURCE is a prepare or "
         "quantize artifact directory, or any .pt2 written by torch.export.save.",
+        epilog=EXIT_CODES_HELP,
     )
     p.add_argument("source", type=Path, help="artifact directory or .pt2 file")
     p.add_argument("-o", "--out", type=Path, default=Path("out/compile"),
@@ -63,6 +71,8 @@ def _default_recipe(source: Path, backend: Backend) -> Recipe:
 def _main(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging(args.verbose, args.quiet)
+    check_path_args(args)
+    check_output_writable(args.out, "--out")
     backend = parse_enum(Backend, args.backend, "--backend")
     recipe = (
         parse_enum(Recipe, args.recipe, "--recipe")

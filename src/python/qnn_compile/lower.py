@@ -13,6 +13,7 @@ import importlib
 import logging
 import operator
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -65,12 +66,16 @@ class LoweredProgram:
 
 
 def lower_program(
-    ep: torch.export.ExportedProgram,
+    ep: torch.export.ExportedProgram | Mapping[str, torch.export.ExportedProgram],
     lowering: BackendLowering,
     *,
     etrecord_path: Path | None = None,
 ) -> LoweredProgram:
     """Lower `ep` with a backend's `lowering` (see `qnn_compile.backends`) to .pte bytes.
+
+    `ep` is one program, or a mapping of method name -> program lowered into one .pte with
+    several methods (a causal LM's prefill and decode). Methods that update buffers with the
+    same names (a KV cache) share them in the .pte: one method writes what the next one reads.
 
     With `etrecord_path`, also write an ETRecord there (the exported, edge and ExecuTorch graphs
     plus debug handles) so devtools' Inspector can map ETDump events back to source ops.
@@ -90,18 +95,20 @@ def lower_program(
     recipe = lowering.recipe
     backend = lowering.target.backend
     want_etrecord = etrecord_path is not None
+    programs = dict(ep) if isinstance(ep, Mapping) else {"forward": ep}
     native = NativeLog()
     try:
         with native.capture(), lowering.context():
             for aten_pass in lowering.aten_passes:
-                ep = aten_pass(ep)
+                programs = {m: aten_pass(p) for m, p in programs.items()}
             transform_passes = None
             if recipe.edge_transform_passes:
-                transform_passes = [
-                    p for make in recipe.edge_transform_passes for p in make("forward", ep)
-                ]
+                transform_passes = {
+                    m: [q for make in recipe.edge_transform_passes for q in make(m, p)]
+                    for m, p in programs.items()
+                }
             edge = to_edge_transform_and_lower(
-                ep,
+                programs,
                 transform_passes=transform_passes,
                 partitioner=recipe.partitioners or [],
                 compile_config=recipe.edge_compile_config,
@@ -110,7 +117,17 @@ def lower_program(
     except Exception as exc:  # exir raises many unrelated types; each becomes one StageError
         raise _stage_error(f"lowering for {backend.value} failed", exc, native) from exc
 
-    delegated, partitions, outside = _count_ops(edge.exported_program().graph_module)
+    # After edge conversion: exported programs keep in-place buffer writes, which functionalize
+    # into buffer mutations only here.
+    executorch_config = _executorch_config(
+        {m: edge.exported_program(m) for m in programs}, lowering
+    )
+    delegated = partitions = 0
+    outside: collections.Counter[str] = collections.Counter()
+    for method in programs:
+        d, p, o = _count_ops(edge.exported_program(method).graph_module)
+        delegated, partitions = delegated + d, partitions + p
+        outside.update(o)
     if outside and lowering.expect_full_delegation:
         said = native.errors()
         log.warning(
@@ -122,7 +139,7 @@ def lower_program(
 
     try:
         with native.capture():
-            et_program = edge.to_executorch(lowering.executorch_config)
+            et_program = edge.to_executorch(executorch_config)
             pte = bytes(et_program.buffer)
     except Exception as exc:  # as above: named, chained, with the failing op if known
         raise _stage_error(f"serializing the {backend.value} program failed", exc, native) from exc
@@ -144,6 +161,33 @@ def lower_program(
         non_delegated_ops=sum(outside.values()),
         partitions=partitions,
         op_counts=dict(sorted(outside.items())),
+    )
+
+
+def _mutates_buffers(ep: torch.export.ExportedProgram) -> bool:
+    return bool(ep.graph_signature.buffers_to_mutate)
+
+
+def _executorch_config(
+    programs: Mapping[str, torch.export.ExportedProgram], lowering: BackendLowering
+) -> Any:
+    """The backend's serialization config; for several methods with state (a KV cache), one in
+    which the methods share their mutable buffers."""
+    if len(programs) < 2 or not any(_mutates_buffers(p) for p in programs.values()):
+        return lowering.executorch_config
+    if lowering.executorch_config is not None:
+        raise StageError(
+            _STAGE,
+            f"{lowering.target.backend.value} cannot share mutable buffers between methods "
+            f"({', '.join(programs)} update a KV cache): compile the program for xnnpack or "
+            "portable",
+        )
+    from executorch.exir import ExecutorchBackendConfig
+    from executorch.exir.passes import MemoryPlanningPass
+
+    return ExecutorchBackendConfig(
+        memory_planning_pass=MemoryPlanningPass(share_mutable_buffers=True),
+        emit_mutable_buffer_names=True,
     )
 
 

@@ -7,12 +7,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+import torch
 
 import qnn_infer
 from qnn_common.config import InferConfig, Stage
 from qnn_common.errors import ConfigValidationError
+from qnn_common.llm import GenerationConfig, LlmSpec
 from qnn_common.manifest import (
+    Manifest,
     begin_artifact,
     cache_key,
     code_version,
@@ -21,7 +23,7 @@ from qnn_common.manifest import (
     sha256_file,
     write_manifest,
 )
-from qnn_common.metrics import cosine, max_abs_error, sqnr_db
+from qnn_common.metrics import compare_samples
 from qnn_common.recipes import Recipe
 from qnn_common.stages import (
     ETDUMP,
@@ -33,10 +35,14 @@ from qnn_common.stages import (
     InferInput,
     InferOutput,
     compiled_for,
+    llm_spec_of,
+    rope_of,
 )
-from qnn_common.tensorio import Sample, load_samples, save_samples
+from qnn_common.tensorio import load_inputs, load_samples, save_samples
+from qnn_infer.causal_lm import generation_latency, run_generation, teacher_forced_accuracy
 from qnn_infer.device import device_runner
 from qnn_infer.gates import check_accuracy_gates, judge_accuracy
+from qnn_infer.generate import PteLm
 from qnn_infer.measure import measure_latency
 from qnn_infer.runner import HostRunner, Runner
 from qnn_infer.runtimes import delegates_in, prepare_runtime
@@ -59,24 +65,6 @@ def infer_cache_key(inp: InferInput) -> str:
     return cache_key(Stage.INFER, inp.config, _digests(inp), code_version(qnn_infer))
 
 
-def compare(reference: list[Sample], actual: list[Sample]) -> dict[str, Any]:
-    """SQNR, cosine and max abs error per output (over all samples) and overall."""
-    per_output = []
-    for i in range(len(reference[0])):
-        ref = np.concatenate([r[i].detach().double().numpy().ravel() for r in reference])
-        got = np.concatenate([a[i].detach().double().numpy().ravel() for a in actual])
-        per_output.append(
-            {"output": i, "sqnr_db": sqnr_db(ref, got), "cosine": cosine(ref, got),
-             "max_abs_error": max_abs_error(ref, got)}
-        )
-    return {
-        "sqnr_db": min(o["sqnr_db"] for o in per_output),
-        "cosine": min(o["cosine"] for o in per_output),
-        "max_abs_error": max(o["max_abs_error"] for o in per_output),
-        "per_output": per_output,
-    }
-
-
 def run_infer(inp: InferInput) -> InferOutput:
     """Run the program on the artifact's eval inputs (or `inputs_file`), compare and time it."""
     cfg: InferConfig = inp.config
@@ -86,18 +74,34 @@ def run_infer(inp: InferInput) -> InferOutput:
         have = {f.path for f in upstream.files}
     else:
         upstream, pte, have = None, inp.source, set()
-    eval_inputs = load_samples(inp.source / EVAL_INPUTS) if EVAL_INPUTS in have else None
+    llm = llm_spec_of(inp.source, upstream) if upstream is not None else None
+    if upstream is not None and llm is not None:
+        return _run_infer_causal_lm(inp, upstream, pte, have, llm)
+    eval_inputs = load_inputs(inp.source / EVAL_INPUTS) if EVAL_INPUTS in have else None
     # References were computed on the eval inputs: they judge the program only on those.
     references_apply = cfg.inputs_file is None and eval_inputs is not None
     if cfg.inputs_file is not None:
-        inputs = load_samples(cfg.inputs_file, like=None if eval_inputs is None else eval_inputs[0])
+        inputs = load_inputs(cfg.inputs_file, like=None if eval_inputs is None else eval_inputs[0])
     elif eval_inputs is not None:
         inputs = eval_inputs
     else:
         raise ConfigValidationError(
             "infer.inputs_file", None,
             f"{pte} comes without evaluation inputs; pass --inputs FILE.pt "
-            "(a tensor, a tuple of tensors, or a list of those, saved with torch.save)",
+            "(a tensor, a tuple of tensors, or a list of those, saved with torch.save; "
+            "structured inputs as {'args': (...), 'kwargs': {...}} per sample)",
+        )
+    # The program takes the pytree leaves of each sample's (args, kwargs), in order, constants
+    # included (torch.export keeps them as inputs it then ignores): see ModelInputs.leaves.
+    flat = [s.leaves() for s in inputs]
+    constants = [v for v in flat[0] if not isinstance(v, torch.Tensor)]
+    if cfg.device is not None and constants:
+        # The device runner pushes every input as a raw tensor file; constants have no such form.
+        raise ConfigValidationError(
+            "infer.device", cfg.device,
+            f"this program also takes non-tensor inputs ({', '.join(map(repr, constants))}: "
+            "constants torch.export baked in), which the adb runner cannot pass; run it on the "
+            "host (drop --device)",
         )
 
     arch = None
@@ -110,7 +114,7 @@ def run_infer(inp: InferInput) -> InferOutput:
         backends = delegates_in(pte)
     runtime = prepare_runtime(backends)
 
-    out = begin_artifact(inp.out_dir)
+    out = begin_artifact(inp.out_dir, inputs=[inp.source, cfg.inputs_file])
     etdump = out / ETDUMP if cfg.etdump else None
     host: HostRunner | None = None
     runner: Runner
@@ -118,11 +122,11 @@ def run_infer(inp: InferInput) -> InferOutput:
         runner = device_runner(pte, cfg, backends, runtime, arch)
     else:
         # Event tracing is switched on at load time; it also traces (and slows) the timed runs.
-        runner = host = HostRunner(pte, example_inputs=inputs[0], etdump_path=etdump)
+        runner = host = HostRunner(pte, example_inputs=flat[0], etdump_path=etdump)
     t = time.perf_counter()
-    outputs = [runner.run(sample) for sample in inputs]
+    outputs = [runner.run(sample) for sample in flat]
     run_s = time.perf_counter() - t
-    latency = measure_latency(runner, inputs[0], warmup=cfg.warmup, runs=cfg.runs)
+    latency = measure_latency(runner, flat[0], warmup=cfg.warmup, runs=cfg.runs)
     log.info("ran %d sample(s); p50 %.3f ms, p90 %.3f ms", len(inputs),
              latency["p50_ms"], latency["p90_ms"])
     if etdump is not None and host is not None:
@@ -133,7 +137,7 @@ def run_infer(inp: InferInput) -> InferOutput:
     if references_apply:
         for key, name in (("vs_fp32", REFERENCE_FP32), ("vs_fake_quant", REFERENCE_FAKE_QUANT)):
             if name in have:
-                accuracy[key] = compare(load_samples(inp.source / name), outputs)
+                accuracy[key] = compare_samples(load_samples(inp.source / name), outputs)
     verdict = judge_accuracy(accuracy, cfg.gates_for(recipe), recipe)
     digests = _digests(inp)
     files = [OUTPUTS] + ([ETDUMP] if etdump is not None else [])
@@ -150,6 +154,8 @@ def run_infer(inp: InferInput) -> InferOutput:
         extra_tools=runtime.tools,
         metrics={
             "model": upstream.metrics.get("model") if upstream else Path(pte).name,
+            # A bare .pte records nothing else about itself: the backends its delegates are for.
+            **({} if upstream else {"delegates": sorted(b.value for b in backends)}),
             "runner": runner.name,
             **({"runtime": runtime.record} if runtime.record else {}),
             "samples": len(inputs),
@@ -159,6 +165,54 @@ def run_infer(inp: InferInput) -> InferOutput:
         },
     )
     # After sealing: the outputs of a run below the gates are the evidence of what went wrong.
-    check_accuracy_gates(out, manifest)
-    return InferOutput(out, manifest)
+    check_accuracy_gates(inp.out_dir, manifest)
+    return InferOutput(inp.out_dir, manifest)
 
+
+
+def _run_infer_causal_lm(
+    inp: InferInput, upstream: Manifest, pte: Path, have: set[str], spec: LlmSpec
+) -> InferOutput:
+    """A causal LM: teacher-forced logits vs the references, then a timed generation."""
+    cfg: InferConfig = inp.config
+    if cfg.device is not None or cfg.inputs_file is not None or cfg.etdump:
+        raise ConfigValidationError(
+            "infer", "causal-lm",
+            "a causal-LM program runs on the host from its eval texts and a prompt; "
+            "drop --device / --inputs / --etdump",
+        )
+    target, recipe = compiled_for(inp.source, upstream)
+    runtime = prepare_runtime({target.backend})
+    generation_cfg = cfg.generation or GenerationConfig()
+    out = begin_artifact(inp.out_dir, inputs=[inp.source])
+    lm = PteLm(pte, spec, rope_of(inp.source, upstream))
+    t = time.perf_counter()
+    accuracy = teacher_forced_accuracy(lm, inp.source, spec, have)
+    check_s = time.perf_counter() - t
+    generation = run_generation(lm, inp.source, spec, generation_cfg)
+    verdict = judge_accuracy(accuracy, cfg.gates_for(recipe), recipe)
+    digests = _digests(inp)
+    manifest = write_manifest(
+        out,
+        stage=Stage.INFER,
+        package=PACKAGE,
+        package_version=qnn_infer.__version__,
+        config=cfg,
+        inputs=digests,
+        files=[],
+        cache_key=cache_key(Stage.INFER, cfg, digests, code_version(qnn_infer)),
+        timings={"run_s": round(check_s, 3)},
+        extra_tools=runtime.tools,
+        metrics={
+            "model": upstream.metrics.get("model"),
+            "kind": "causal-lm",
+            "runner": "host",
+            "samples": len(load_samples(inp.source / EVAL_INPUTS)) if EVAL_INPUTS in have else 0,
+            "latency_ms": generation_latency(generation),
+            "accuracy": accuracy,
+            "accuracy_gates": verdict,
+            "generation": generation.to_json(),
+        },
+    )
+    check_accuracy_gates(inp.out_dir, manifest)
+    return InferOutput(inp.out_dir, manifest)

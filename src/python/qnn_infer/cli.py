@@ -10,9 +10,17 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from qnn_common.cli_support import add_logging_args, run_cli, setup_logging
+from qnn_common.cli_support import (
+    EXIT_CODES_HELP,
+    add_logging_args,
+    check_output_writable,
+    check_path_args,
+    run_cli,
+    setup_logging,
+)
 from qnn_common.config import InferConfig
 from qnn_common.gates import AccuracyGates, default_accuracy_gates
+from qnn_common.llm import GenerationConfig
 from qnn_common.recipes import Recipe
 from qnn_common.stages import InferInput
 from qnn_infer.gates import GATES, LABELS
@@ -38,6 +46,14 @@ def add_device_args(parser: argparse.ArgumentParser) -> None:
                         "qnn_executor_runner), for --device")
 
 
+def add_inputs_arg(parser: argparse.ArgumentParser) -> None:
+    """--inputs, shared with qnn-pipeline (there for `--from X.pte`, which brings none)."""
+    parser.add_argument("--inputs", type=Path, metavar="FILE.pt",
+                        help="a .pt file of inputs (a tensor, a tuple of tensors, or a list of "
+                        "those, saved with torch.save) to run instead of the eval inputs; "
+                        "needed for a bare .pte")
+
+
 def add_accuracy_gate_args(parser: argparse.ArgumentParser) -> None:
     """The accuracy-gate flags, shared with qnn-pipeline (its TOML keys are the dest names)."""
     g = parser.add_argument_group(
@@ -59,6 +75,39 @@ def accuracy_gate_values(args: argparse.Namespace) -> dict[str, Any]:
     return {name: getattr(args, name) for name in names}
 
 
+def add_generation_args(parser: argparse.ArgumentParser) -> None:
+    """Flags of text generation over a causal-LM program (prefill + decode)."""
+    g = parser.add_argument_group("generation (causal-LM programs)")
+    g.add_argument("--prompt", help=f"text to continue (default: {GenerationConfig.prompt!r})")
+    g.add_argument("--max-new-tokens", type=int,
+                   help=f"default: {GenerationConfig.max_new_tokens}")
+    g.add_argument("--temperature", type=float, help="0 = greedy (default); > 0 samples")
+    g.add_argument("--top-k", type=int, help="sample among the k most likely (0: all)")
+    g.add_argument("--top-p", type=float, help="nucleus sampling mass (default 1.0)")
+    g.add_argument("--sample-seed", type=int, help="seed of the sampler (default 0)")
+    g.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
+    g.add_argument("--no-stream", action="store_true",
+                   help="do not print tokens as they are generated")
+
+
+def generation_values(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The generation table from the flags (None when none was given)."""
+    values = {
+        "prompt": args.prompt, "max_new_tokens": args.max_new_tokens,
+        "temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p,
+        "seed": args.sample_seed, "chat": args.chat or None,
+    }
+    given = {k: v for k, v in values.items() if v is not None}
+    if not given:
+        return None
+    return {**given, "stream": not args.no_stream and not getattr(args, "quiet", False)}
+
+
+def _generation_config(args: argparse.Namespace) -> GenerationConfig | None:
+    values = generation_values(args)
+    return None if values is None else GenerationConfig(**values)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="qnn-infer",
@@ -66,17 +115,18 @@ def build_parser() -> argparse.ArgumentParser:
         "emulator) or an Android device. SOURCE is a compile "
         "artifact directory (its eval inputs and fp32 / fake-quant references come along) or "
         "any .pte file (then pass --inputs).",
+        epilog=EXIT_CODES_HELP,
     )
     p.add_argument("source", type=Path, help="compile artifact directory or .pte file")
     p.add_argument("-o", "--out", type=Path, default=Path("out/infer"),
                    help="artifact directory to write (default: %(default)s)")
-    p.add_argument("--inputs", type=Path,
-                   help="a .pt file of inputs: a tensor, a tuple of tensors, or a list of those")
+    add_inputs_arg(p)
     p.add_argument("--warmup", type=int, default=3, help="untimed runs first (default: 3)")
     p.add_argument("--runs", type=int, default=20, help="timed runs (default: 20)")
     p.add_argument("--etdump", action="store_true", help="write an ETDump profile")
     add_device_args(p)
     add_accuracy_gate_args(p)
+    add_generation_args(p)
     add_logging_args(p)
     return p
 
@@ -84,15 +134,21 @@ def build_parser() -> argparse.ArgumentParser:
 def _main(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging(args.verbose, args.quiet)
+    check_path_args(args)
+    check_output_writable(args.out, "--out")
     gates = {k: v for k, v in accuracy_gate_values(args).items() if v is not None}
     config = InferConfig(warmup=args.warmup, runs=args.runs, inputs_file=args.inputs,
                          etdump=args.etdump, device=args.device,
-                         device_runner=args.device_runner, **gates)
+                         device_runner=args.device_runner, **gates,
+                         generation=_generation_config(args))
     from qnn_infer.api import run_infer  # torch is imported only past argument checks
 
     result = run_infer(InferInput(source=args.source, config=config, out_dir=args.out))
-    print(json.dumps({"latency_ms": result.latency_ms, "accuracy": result.accuracy,
-                      "accuracy_ok": result.manifest.metrics["accuracy_gates"]["ok"]}, indent=2))
+    report = {"latency_ms": result.latency_ms, "accuracy": result.accuracy,
+              "accuracy_ok": result.manifest.metrics["accuracy_gates"]["ok"]}
+    if "generation" in result.manifest.metrics:
+        report["generation"] = result.manifest.metrics["generation"]
+    print(json.dumps(report, indent=2))
     return 0
 
 
@@ -102,3 +158,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+

@@ -26,6 +26,7 @@ from qnn_common.errors import (
     PipelineError,
     StageError,
 )
+from qnn_common.noise import native_noise_filtered
 from qnn_infer.pte import check_pte_header, user_output_count
 
 _STAGE = Stage.INFER
@@ -79,6 +80,11 @@ def describe(dtype: torch.dtype, shape: Sequence[int]) -> str:
 class HostRunner:
     """Execute a .pte in this process through `executorch.runtime`.
 
+    Inputs are the method's flat inputs: for a model called with structured arguments, the
+    pytree leaves of its ``(args, kwargs)`` in order (`qnn_common.tensorio.ModelInputs.leaves`),
+    ints, floats, bools and None included: torch.export bakes those into the program as
+    constants but keeps them as inputs, and the .pte takes them too (measured: a model with 5
+    tensor and 4 constant leaves has a 9-input method and refuses the 5 tensors alone).
     Inputs are checked against the method's metadata before execution, so a wrong count, dtype
     or shape is reported as a `ConfigValidationError` naming expected and got instead of a bare
     runtime status code. `example_inputs`, if given, are checked the same way at construction,
@@ -161,7 +167,9 @@ class HostRunner:
             # Fail before the (possibly slow) method load when the caller's data cannot fit.
             self._check_inputs(tuple(example_inputs))
         try:
-            self._method: Any = self._program.load_method(method)
+            # XNNPACK's cpuinfo prints five harmless lines on non-ARM hosts at the first load.
+            with native_noise_filtered():
+                self._method: Any = self._program.load_method(method)
         except RuntimeError as exc:
             raise self._explain_load_failure(exc) from exc
 
@@ -248,7 +256,9 @@ class HostRunner:
                 "inputs",
                 _describe_inputs(inputs),
                 f"expected {len(self.input_specs)} input(s), got {len(inputs)}; "
-                + self._expected(),
+                + self._expected()
+                + " (a structured model's inputs are the pytree leaves of its (args, kwargs), "
+                "in order, ints / floats / bools / None included: ModelInputs.leaves)",
             )
         for i, (tensor, spec) in enumerate(zip(inputs, self.input_specs, strict=True)):
             if spec is None:

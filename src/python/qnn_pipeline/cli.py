@@ -8,7 +8,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from qnn_common.cli_support import add_logging_args, run_cli, setup_logging
+from qnn_common.cli_support import (
+    EXIT_CODES_HELP,
+    add_logging_args,
+    check_output_writable,
+    check_path_args,
+    check_utf8_path,
+    run_cli,
+    setup_logging,
+)
 from qnn_common.config import (
     PipelineContext,
     Stage,
@@ -19,14 +27,24 @@ from qnn_common.manifest import MANIFEST_NAME, load_manifest
 from qnn_common.recipes import Backend, Recipe
 from qnn_common.soc import soc_names
 from qnn_compile.cli import add_htp_performance_mode_arg
-from qnn_infer.cli import accuracy_gate_values, add_accuracy_gate_args, add_device_args
+from qnn_infer.cli import (
+    accuracy_gate_values,
+    add_accuracy_gate_args,
+    add_device_args,
+    add_generation_args,
+    add_inputs_arg,
+    generation_values,
+)
 
 EPILOG = """examples:
   qnn-pipeline --model minilm                      # XNNPACK 8a8w, the default
   qnn-pipeline --model tiny-cnn --skip quantize    # the fp32 path
   qnn-pipeline --model path/to/hf_dir --stop-after compile
   qnn-pipeline --from out/quantize-1a2b3c4d5e6f --backend xnnpack
+  qnn-pipeline --from model.pte --inputs inputs.pt  # a bare program: bring its inputs
   qnn-pipeline --config pipeline.toml --force
+  qnn-pipeline --model tiny-llama --prompt "Once upon a time"   # KV-cache LLM, generates
+
 """
 
 
@@ -36,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Take a model to a running ExecuTorch program: prepare, quantize, compile, "
         "infer. Each stage writes OUT/<stage>-<key>/ with a manifest; a rerun with the same "
         "inputs reuses up-to-date stages.",
-        epilog=EPILOG,
+        epilog=EPILOG + EXIT_CODES_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--model", help="built-in name, Hugging Face directory, or module:function")
@@ -59,9 +77,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seq-len", type=int, help="token length for text models (default: 128)")
     p.add_argument("--calibration-samples", type=int, help="default: 16")
     p.add_argument("--runs", type=int, help="timed inference runs (default: 20)")
+    p.add_argument("--max-seq-len", type=int,
+                   help="causal LMs with --prompt: context length of the KV cache "
+                   "(default: min(512, max_position_embeddings))")
+    p.add_argument("--prefill-len", type=int,
+                   help="causal LMs with --prompt: tokens per prefill call (default: 32)")
+    add_inputs_arg(p)
     add_htp_performance_mode_arg(p, default=None)
     add_device_args(p)
     add_accuracy_gate_args(p)
+    add_generation_args(p)
     add_logging_args(p)
     return p
 
@@ -83,17 +108,21 @@ def context_from_args(args: argparse.Namespace) -> PipelineContext:
     skip = list(args.skip or [])
     if args.from_artifact is not None and recipe in (None, Recipe.FP32.value, Recipe.FP16.value):
         skip.append(Stage.QUANTIZE.value)
+    generation = generation_values(args)
     overrides: dict[str, dict[str, Any]] = {
         "pipeline": {
             "model": model, "backend": args.backend, "recipe": recipe, "soc": args.soc,
             "out": args.out, "skip": skip or None, "stop_after": args.stop_after,
             "force": args.force or None,
         },
-        "prepare": {"seq_len": args.seq_len, "calibration_samples": args.calibration_samples},
+        "prepare": {"seq_len": args.seq_len, "calibration_samples": args.calibration_samples,
+                    # A prompt asks for generation: the causal LM is exported with a KV cache.
+                    "kv_cache": True if generation is not None else None,
+                    "max_seq_len": args.max_seq_len, "prefill_len": args.prefill_len},
         "compile": {"htp_performance_mode": args.htp_performance_mode},
-        "infer": {"runs": args.runs, "device": args.device,
+        "infer": {"runs": args.runs, "device": args.device, "inputs_file": args.inputs,
                   "device_runner": None if args.device_runner is None else str(args.device_runner),
-                  **accuracy_gate_values(args)},
+                  "generation": generation, **accuracy_gate_values(args)},
     }
     if args.config is not None:
         return load_pipeline_toml(args.config, overrides)
@@ -120,7 +149,11 @@ def _main(argv: Sequence[str] | None) -> int:
         return 0
     if args.model is None and args.config is None and args.from_artifact is None:
         parser.error("pass --model, --config or --from (see --list-models)")
+    check_path_args(args)
+    if args.model is not None:
+        check_utf8_path(Path(args.model), "--model")  # it may name a directory
     ctx = context_from_args(args)
+    check_output_writable(ctx.out_dir, "--out" if args.out is not None else "pipeline.out")
     from qnn_pipeline.orchestrator import format_summary, run_pipeline  # imports torch
 
     result = run_pipeline(ctx, from_artifact=args.from_artifact)

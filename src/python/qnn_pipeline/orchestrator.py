@@ -8,15 +8,19 @@ only the stages downstream of it run again.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from qnn_common.artifact_dir import cleans_up_artifacts
+from qnn_common.artifact_lock import acquire_artifact_lock, release_artifact_lock
 from qnn_common.config import PipelineContext, QuantizeConfig, Stage
 from qnn_common.errors import ArtifactError, ConfigValidationError, PipelineError, StageError
 from qnn_common.manifest import MANIFEST_NAME, Manifest, atomic_write_text, load_manifest
@@ -32,6 +36,7 @@ from qnn_compile.api import compile_cache_key, run_compile
 from qnn_infer.api import infer_cache_key, run_infer
 from qnn_infer.gates import AccuracyGateError, check_accuracy_gates
 from qnn_prepare.api import prepare_cache_key, run_prepare
+from qnn_prepare.causal_lm import check_prompt_fits
 from qnn_quant.api import quantize_cache_key, run_quantize
 
 log = logging.getLogger(__name__)
@@ -121,17 +126,28 @@ def start_of(from_artifact: Path) -> Stage:
 
 
 def _cached(out_dir: Path, stage: Stage, key: str) -> Manifest | None:
-    """The artifact's manifest if it is verified and made from exactly these inputs, else None."""
+    """The artifact's manifest if it is verified and made from exactly these inputs, else None.
+
+    Locks `out_dir` first, so a concurrent run writing it is waited for and its artifact reused;
+    on None the lock stays held until the stage seals (or the run ends).
+    """
+    acquire_artifact_lock(out_dir)
     if not (out_dir / MANIFEST_NAME).is_file():
         return None
     try:
-        manifest = load_manifest(out_dir, expect_stage=stage)
+        manifest = load_manifest(out_dir, expect_stage=stage, expect_cache_key=key)
     except ArtifactError as err:
-        log.warning("%s: cached artifact refused (%s); rerunning", stage, err.reason)
+        # The path says which file failed; the reason's own advice ("rerun the stage") is what
+        # happens next anyway, so it is not repeated as if the user had to act.
+        reason = re.sub(r";\s*rerun the stage.*$", "", err.reason)
+        log.warning("%s: cached artifact refused, running the stage again: %s: %s",
+                    stage, err.path, reason)
         return None
-    return manifest if manifest.cache_key == key else None
+    release_artifact_lock(out_dir)
+    return manifest
 
 
+@cleans_up_artifacts  # unsealed staging directories and locks of a failed run
 def run_pipeline(ctx: PipelineContext, *, from_artifact: Path | None = None) -> PipelineResult:
     """Run the stages `ctx` asks for and write `ctx.out_dir/summary.json`."""
     first = start_of(from_artifact) if from_artifact is not None else Stage.PREPARE
@@ -141,6 +157,17 @@ def run_pipeline(ctx: PipelineContext, *, from_artifact: Path | None = None) -> 
         check_compatible(sdk)
         log.info("QNN %s at %s%s", sdk.qnn_version, sdk.root,
                  " (x86 dev SDK, bridged)" if sdk.bridged else "")
+    generation = ctx.infer.generation
+    if first is Stage.PREPARE and ctx.prepare.kv_cache and generation is not None:
+        # A prompt the context cannot hold is refused before minutes of export and lowering.
+        check_prompt_fits(
+            ctx.prepare.model, max_seq_len=ctx.prepare.max_seq_len,
+            prefill_len=ctx.prepare.prefill_len, prompt=generation.prompt,
+            max_new_tokens=generation.max_new_tokens,
+        )
+    # The previous run's summary must not pass for this run's if this one fails.
+    with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+        (ctx.out_dir / SUMMARY_NAME).unlink()
     source = from_artifact
     records: list[StageRecord] = []
     manifests: dict[Stage, Manifest] = {}
@@ -215,10 +242,16 @@ def build_summary(
             value = value.get(key) if isinstance(value, dict) else None
         return value
 
+    # A bare .pte (--from X.pte) records no recipe: label it with what the program holds, not
+    # with the context's defaults (which would call any program "xnnpack, fp32").
+    infer = manifests.get(Stage.INFER)
+    bare = infer is not None and "pte" in infer.inputs
+    delegates = infer.metrics.get("delegates") if infer is not None else None
     return {
         "model": ctx.prepare.model,
-        "backend": ctx.backend.value,
-        "recipe": ctx.recipe.value,
+        "backend": ("+".join(delegates) or "portable") if bare and delegates is not None
+        else ctx.backend.value,
+        "recipe": None if bare else ctx.recipe.value,
         "soc": ctx.soc,
         "target": metric(Stage.COMPILE, "target"),
         "stages": [
@@ -234,7 +267,7 @@ def build_summary(
             "sqnr_db_vs_fp32": metric(Stage.INFER, "accuracy", "vs_fp32", "sqnr_db"),
             "cosine_vs_fp32": metric(Stage.INFER, "accuracy", "vs_fp32", "cosine"),
             "sqnr_db_vs_fake_quant": metric(Stage.INFER, "accuracy", "vs_fake_quant", "sqnr_db"),
-            "fake_quant_sqnr_db_vs_fp32": metric(Stage.QUANTIZE, "accuracy", "mean", "sqnr_db"),
+            "fake_quant_sqnr_db_vs_fp32": metric(Stage.QUANTIZE, "accuracy", "vs_fp32", "sqnr_db"),
             # The infer gates' verdict: true / false, null when nothing was judged (no infer,
             # no reference for the inputs, or gates off).
             "ok": metric(Stage.INFER, "accuracy_gates", "ok"),
@@ -250,6 +283,25 @@ def build_summary(
         "pte_bytes": metric(Stage.COMPILE, "pte_bytes"),
         "delegated_ops": metric(Stage.COMPILE, "delegated_ops"),
         "non_delegated_ops": metric(Stage.COMPILE, "non_delegated_ops"),
+        **_generation_summary(metric),
+    }
+
+
+def _generation_summary(metric: Callable[..., Any]) -> dict[str, Any]:
+    """A causal LM's generation and its teacher-forced agreement with the eager HF model."""
+    generation = metric(Stage.INFER, "generation")
+    if not isinstance(generation, dict):
+        return {}
+    return {
+        "generation": {
+            **{k: generation.get(k) for k in (
+                "text", "new_tokens", "ttft_ms", "prefill_tokens_per_s", "decode_tokens_per_s",
+            )},
+            "argmax_agreement_vs_eager": metric(
+                Stage.INFER, "accuracy", "vs_fp32", "argmax_agreement"
+            ),
+            "sqnr_db_vs_eager": metric(Stage.INFER, "accuracy", "vs_fp32", "sqnr_db"),
+        }
     }
 
 
@@ -273,7 +325,8 @@ def format_summary(summary: dict[str, Any]) -> str:
 
     lines.append("")
     lines.append(
-        f"{summary['model']} on {summary['backend']} ({summary['recipe']}"
+        f"{summary['model']} on {summary['backend']} "
+        f"({summary['recipe'] or 'recipe unknown: a bare .pte'}"
         f"{', ' + summary['soc'] if summary['soc'] else ''}): "
         f"SQNR vs fp32 {num(acc['sqnr_db_vs_fp32'], '.1f')} dB, "
         f"cosine {num(acc['cosine_vs_fp32'], '.4f')}, "
@@ -282,4 +335,14 @@ def format_summary(summary: dict[str, Any]) -> str:
         f"latency p50 {num(lat['p50'], '.3f')} ms, p90 {num(lat['p90'], '.3f')} ms; "
         f".pte {num(summary['pte_bytes'], ',')} bytes"
     )
+    gen = summary.get("generation")
+    if gen:
+        lines.append(
+            f"generated {gen['new_tokens']} token(s): {gen['text']!r}\n"
+            f"time to first token {num(gen['ttft_ms'], '.1f')} ms, "
+            f"prefill {num(gen['prefill_tokens_per_s'], '.1f')} tok/s, "
+            f"decode {num(gen['decode_tokens_per_s'], '.1f')} tok/s; "
+            f"argmax agreement vs eager {num(gen['argmax_agreement_vs_eager'], '.3f')}, "
+            f"SQNR vs eager {num(gen['sqnr_db_vs_eager'], '.1f')} dB"
+        )
     return "\n".join(lines)

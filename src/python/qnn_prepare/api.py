@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import copy
+import dataclasses
 import hashlib
 import logging
 import shutil
@@ -14,6 +14,7 @@ import torch
 import qnn_prepare
 from qnn_common.config import PrepareConfig, Stage
 from qnn_common.manifest import (
+    atomic_write_bytes,
     begin_artifact,
     cache_key,
     code_version,
@@ -25,12 +26,23 @@ from qnn_common.stages import (
     EVAL_INPUTS,
     PROGRAM,
     REFERENCE_FP32,
+    ROPE_TABLE,
     TOKENIZER_DIR,
     PrepareInput,
     PrepareOutput,
+    method_program,
 )
-from qnn_common.tensorio import Sample, flatten_outputs, save_program, save_samples
-from qnn_prepare.calibration import calibration_summary, make_calibration
+from qnn_common.tensorio import (
+    ModelInputs,
+    Sample,
+    flatten_outputs,
+    save_program,
+    save_samples,
+)
+from qnn_prepare.calibration import calibration_summary, make_inputs
+from qnn_prepare.causal_lm import TINY_DECODERS, eager_logits, export_methods, load_causal_lm
+from qnn_prepare.causal_lm import text_sequences as lm_text_sequences
+from qnn_prepare.kv_io import export_kv_io_methods, kv_layout
 from qnn_prepare.models import BUILTIN_MODELS, export_program, is_factory_spec, load_model
 from qnn_prepare.provenance import factory_digest
 
@@ -49,7 +61,7 @@ def source_digests(config: PrepareConfig) -> dict[str, str]:
 def _model_digest(spec: str) -> str:
     spec = spec.strip()
     path = Path(spec).expanduser()
-    if spec not in BUILTIN_MODELS and path.is_dir():
+    if spec not in BUILTIN_MODELS and spec not in TINY_DECODERS and path.is_dir():
         h = hashlib.sha256()
         for f in sorted(p for p in path.rglob("*") if p.is_file()):
             h.update(str(f.relative_to(path)).encode())
@@ -71,7 +83,9 @@ def run_prepare(inp: PrepareInput) -> PrepareOutput:
     """Load, export, sample and seal: writes program.pt2, calibration and eval inputs, fp32
     reference outputs, tokenizer files, and manifest.json into `inp.out_dir`."""
     cfg = inp.config
-    out = begin_artifact(inp.out_dir)
+    if cfg.kv_cache:
+        return _run_prepare_causal_lm(inp)
+    out = begin_artifact(inp.out_dir, inputs=[cfg.calibration_file, Path(cfg.model)])
     timings: dict[str, float] = {}
     torch.manual_seed(cfg.seed)
 
@@ -85,14 +99,14 @@ def run_prepare(inp: PrepareInput) -> PrepareOutput:
     timings["export_s"] = time.perf_counter() - t
     log.info("exported %s in %.1f s", model.name, timings["export_s"])
 
-    calibration = make_calibration(
+    calibration = make_inputs(
         model, num_samples=cfg.calibration_samples, source=cfg.calibration_file, seed=cfg.seed
     )
     # Held out from calibration (another seed): the example input first, then fresh samples.
     extra = cfg.eval_samples - 1
-    eval_inputs: list[Sample] = [tuple(model.example_inputs)]
+    eval_inputs = [model.example]
     if extra:
-        eval_inputs += make_calibration(
+        eval_inputs += make_inputs(
             model, num_samples=extra, source=None, seed=cfg.seed + 1, include_example=False
         )
 
@@ -101,7 +115,7 @@ def run_prepare(inp: PrepareInput) -> PrepareOutput:
     with torch.no_grad():
         # On copies: a model that updates its inputs in place would otherwise change the eval
         # inputs saved below (which would then hold f(x), not x).
-        reference = [flatten_outputs(module(*copy.deepcopy(sample))) for sample in eval_inputs]
+        reference = [_call(module, sample) for sample in eval_inputs]
     timings["reference_s"] = time.perf_counter() - t
 
     save_program(out / PROGRAM, program)
@@ -128,15 +142,26 @@ def run_prepare(inp: PrepareInput) -> PrepareOutput:
             "input_names": list(model.input_names),
             "output_names": list(model.output_names),
             "input_shapes": [
-                {"shape": list(x.shape), "dtype": str(x.dtype)} for x in model.example_inputs
+                {"shape": list(x.shape), "dtype": str(x.dtype)}
+                if isinstance(x, torch.Tensor)
+                else {"value": x}
+                for x in model.example.leaves()
             ],
+            # What the program's flat inputs (above, in order) are the leaves of.
+            **({} if model.example.is_flat() else {"input_structure": model.example.describe()}),
             "parameters": sum(p.numel() for p in model.module.parameters()),
             "calibration_samples": len(calibration),
             "eval_samples": len(eval_inputs),
             "calibration": calibration_summary(model, calibration, cfg.calibration_file),
         },
     )
-    return PrepareOutput(out, manifest)
+    return PrepareOutput(inp.out_dir, manifest)
+
+
+def _call(module: torch.nn.Module, sample: ModelInputs) -> Sample:
+    """`module` on a copy of `sample`, its outputs flattened."""
+    inputs = sample.clone()
+    return flatten_outputs(module(*inputs.args, **inputs.kwargs))
 
 
 def _copy_tokenizer(files: tuple[Path, ...], dest: Path) -> list[str]:
@@ -150,3 +175,80 @@ def _copy_tokenizer(files: tuple[Path, ...], dest: Path) -> list[str]:
         shutil.copyfile(f, dest / f.name)
         names.append(f"{TOKENIZER_DIR}/{f.name}")
     return names
+
+
+def _run_prepare_causal_lm(inp: PrepareInput) -> PrepareOutput:
+    """The causal-LM task: prefill + decode programs, text calibration, teacher-forced logits of
+    the eager HF model as the reference, the tokenizer and chat template."""
+    cfg = inp.config
+    timings: dict[str, float] = {}
+    torch.manual_seed(cfg.seed)
+    t = time.perf_counter()
+    lm = load_causal_lm(
+        cfg.model, max_seq_len=cfg.max_seq_len, prefill_len=cfg.prefill_len, seed=cfg.seed
+    )
+    timings["load_s"] = time.perf_counter() - t
+    spec = lm.spec
+    out = begin_artifact(inp.out_dir, inputs=[cfg.calibration_file, Path(cfg.model)])
+
+    t = time.perf_counter()
+    if cfg.kv_io:
+        programs, rope = export_kv_io_methods(lm)
+        spec = dataclasses.replace(spec, kv_layout=kv_layout(lm))
+    else:
+        programs, rope = export_methods(lm), None
+    timings["export_s"] = time.perf_counter() - t
+    log.info("exported %s (%s) in %.1f s", lm.name, ", ".join(programs), timings["export_s"])
+
+    # Windows of two prefill chunks: every sample crosses a chunk boundary, so calibration and
+    # the teacher-forced eval see the cache being read, not only written.
+    length = min(spec.max_seq_len, 2 * spec.prefill_len)
+    calibration = lm_text_sequences(lm, cfg.calibration_samples, length)
+    eval_tokens = lm_text_sequences(lm, cfg.eval_samples, length, offset=cfg.calibration_samples)
+    t = time.perf_counter()
+    reference = eager_logits(lm, eval_tokens)
+    timings["reference_s"] = time.perf_counter() - t
+
+    files = []
+    for method, program in programs.items():
+        save_program(out / method_program(method), program)
+        files.append(method_program(method))
+    save_samples(out / CALIBRATION, [(s,) for s in calibration])
+    save_samples(out / EVAL_INPUTS, [(s,) for s in eval_tokens])
+    save_samples(out / REFERENCE_FP32, [(r,) for r in reference])
+    files += [CALIBRATION, EVAL_INPUTS, REFERENCE_FP32]
+    if rope is not None:
+        save_samples(out / ROPE_TABLE, [rope])
+        files.append(ROPE_TABLE)
+    for name, data in sorted(lm.tokenizer_files.items()):
+        atomic_write_bytes(out / TOKENIZER_DIR / name, data)
+        files.append(f"{TOKENIZER_DIR}/{name}")
+
+    digests = source_digests(cfg)
+    manifest = write_manifest(
+        out,
+        stage=Stage.PREPARE,
+        package=PACKAGE,
+        package_version=qnn_prepare.__version__,
+        config=cfg,
+        inputs=digests,
+        files=files,
+        cache_key=cache_key(Stage.PREPARE, cfg, digests, code_version(qnn_prepare)),
+        timings={k: round(v, 3) for k, v in timings.items()},
+        metrics={
+            "model": lm.name,
+            "kind": "causal-lm",
+            "methods": list(programs),
+            "llm": spec.to_json(),
+            "input_names": ["input_ids", "cache_position"],
+            "output_names": ["logits"],
+            "parameters": sum(p.numel() for p in lm.hf.parameters()),
+            "calibration_samples": len(calibration),
+            "eval_samples": len(eval_tokens),
+            "calibration": {
+                "source": "text: Alice's Adventures in Wonderland, ch. 1 (public domain)",
+                "tokens_per_sample": length,
+            },
+        },
+    )
+    return PrepareOutput(inp.out_dir, manifest)

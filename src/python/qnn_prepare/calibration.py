@@ -1,27 +1,33 @@
 """Calibration samples: the inputs a post-training quantizer observes to pick activation ranges.
 
-Sources, in `make_calibration`:
+Sources, in `make_inputs` (and `make_calibration`):
 
 * a ``.txt`` file: one sample per non-blank line, tokenized exactly like the example inputs
   (padding to the model's fixed length, truncating longer lines);
 * a ``.pt`` file written by `save_samples` (or by hand): a list whose items are a tensor (one-input
-  models) or a tuple/list of tensors, each matching the example inputs in dtype and shape;
+  models), a tuple/list of the positional arguments, or ``{"args": ..., "kwargs": ...}``, each
+  matching the example inputs in structure, dtype and shape (and in their non-tensor values,
+  which torch.export baked into the program; see `qnn_common.tensorio.load_inputs`);
 * nothing: text models with a tokenizer use `BUILTIN_SENTENCES`, real sentences of varied topic,
   length and form. Random token ids make activations no real input produces (no sentence
   structure, no [SEP] at the end of the text), so ranges calibrated on them fit real inputs
   worse. ``module:function`` models (kind "custom") get `example_samples`: their own example
-  inputs, then seeded variations of them with the same values and range, because the example
+  inputs, then seeded variations of their floating-point tensors with the same values and
+  range (index tensors, masks and constants are kept as they are), because the example
   is the only thing known about what such a model's inputs look like (N(0, 1) noise for an
   input that lies in [2, 98] cost 29 dB). The other built-ins get seeded random inputs drawn
   like their examples: token ids below the vocabulary size with an all-ones attention mask, or
   standard normal floats.
 
 `calibration_summary` says which of these was used, for the prepare manifest.
+
+`make_inputs` gives each sample as `ModelInputs` (positional and keyword arguments, any
+structure); `make_calibration` as the tuple of positional arguments, for models without keyword
+arguments (every built-in, and most factories: see FACTORY_CONTRACT).
 """
 
 from __future__ import annotations
 
-import copy
 import functools
 import random
 from collections.abc import Sequence
@@ -31,7 +37,7 @@ from typing import Any
 import torch
 
 from qnn_common.errors import ArtifactError, ConfigValidationError
-from qnn_common.tensorio import Sample, load_samples
+from qnn_common.tensorio import ModelInputs, Sample, as_model_inputs, load_inputs
 from qnn_prepare.models import LoadedModel
 
 # Varied English: questions, instructions, news, science, dialogue, lists and numbers, short and
@@ -70,6 +76,29 @@ def make_calibration(
     seed: int,
     include_example: bool = True,
 ) -> list[Sample]:
+    """`make_inputs`, each sample as its tuple of positional arguments (`Sample`; a factory's
+    model may nest structures and constants in it). Raises ConfigValidationError for a model
+    that takes keyword arguments, whose samples only `make_inputs` can hold."""
+    if model.example_kwargs:
+        raise ConfigValidationError(
+            "model", model.name,
+            f"takes keyword arguments ({', '.join(model.example_kwargs)}); use make_inputs, whose "
+            "samples carry them",
+        )
+    samples = make_inputs(
+        model, num_samples=num_samples, source=source, seed=seed, include_example=include_example
+    )
+    return [tuple(s.args) for s in samples]
+
+
+def make_inputs(
+    model: LoadedModel,
+    *,
+    num_samples: int,
+    source: Path | None,
+    seed: int,
+    include_example: bool = True,
+) -> list[ModelInputs]:
     """`num_samples` inputs for `model`, from `source` (.txt or .pt) or built in (see module doc).
 
     A .txt file with fewer lines than `num_samples` gives one sample per line; a .pt file must
@@ -84,12 +113,12 @@ def make_calibration(
     if source is None:
         kind = default_source(model)
         if kind == "builtin-sentences":
-            return [tokenize_like(model, t) for t in _builtin_texts(num_samples, seed)]
+            return [ModelInputs(tokenize_like(model, t)) for t in _builtin_texts(num_samples, seed)]
         if kind == "example-range":
             return example_samples(
                 model, num_samples=num_samples, seed=seed, include_example=include_example
             )
-        return random_samples(model, num_samples=num_samples, seed=seed)
+        return [ModelInputs(s) for s in random_samples(model, num_samples=num_samples, seed=seed)]
 
     source = Path(source)
     field = "calibration.source"
@@ -111,10 +140,10 @@ def make_calibration(
         texts = [line.strip() for line in lines if line.strip()]
         if not texts:
             raise ConfigValidationError(field, str(source), "the file has no non-blank lines")
-        return [tokenize_like(model, t) for t in texts[:num_samples]]
+        return [ModelInputs(tokenize_like(model, t)) for t in texts[:num_samples]]
     if suffix in _PT_SUFFIXES:
         try:
-            samples = load_samples(source, like=model.example_inputs)
+            samples = load_inputs(source, like=model.example)
         except ArtifactError as err:
             raise ConfigValidationError(field, str(source), err.reason) from None
         if len(samples) < num_samples:
@@ -145,29 +174,40 @@ def default_source(model: LoadedModel) -> str:
 
 def example_samples(
     model: LoadedModel, *, num_samples: int, seed: int, include_example: bool = True
-) -> list[Sample]:
-    """The example inputs (if `include_example`), then seeded variations of every tensor in them.
+) -> list[ModelInputs]:
+    """The example inputs (if `include_example`), then seeded variations of their floating-point
+    tensors, whatever the structure holding them.
 
-    Variations keep each tensor's dtype, shape and range [min, max]: odd ones permute its
-    elements (the same values, so integer indices stay valid indices and a 0/1 mask stays 0/1),
-    even ones add Gaussian noise at 10 % of its standard deviation, clipped to the range (the
-    same structure, e.g. an image stays an image). Non-tensor values are kept as they are.
+    Variations keep each float tensor's dtype, shape and range [min, max]: odd ones permute its
+    elements (the same values), even ones add Gaussian noise at 10 % of its standard deviation,
+    clipped to the range (the same structure, e.g. an image stays an image). Integer and bool
+    tensors (indices, masks, lengths) and non-tensor values are kept as they are: their meaning
+    is unknown, and e.g. index tensors permuted one by one can pair into duplicate positions,
+    which make index_put's result depend on the backend's write order.
     """
     gen = torch.Generator().manual_seed(seed)
-    out: list[Sample] = [tuple(copy.deepcopy(model.example_inputs))] if include_example else []
+    example = model.example
+    out: list[ModelInputs] = [example.clone()] if include_example else []
     k = 1
     while len(out) < num_samples:
         vary = functools.partial(_vary, permute=k % 2 == 1, gen=gen)
-        out.append(tuple(torch.utils._pytree.tree_map(vary, copy.deepcopy(model.example_inputs))))
+        # From a copy: the kept (non-float) values must not be the example's own objects.
+        fresh = example.clone()
+        varied = torch.utils._pytree.tree_map(vary, (fresh.args, dict(fresh.kwargs)))
+        out.append(ModelInputs(tuple(varied[0]), varied[1]))
         k += 1
     return out
 
 
 def _vary(value: object, permute: bool, gen: torch.Generator) -> object:
-    if not isinstance(value, torch.Tensor) or value.numel() < 1:
+    if (
+        not isinstance(value, torch.Tensor)
+        or not value.is_floating_point()
+        or value.numel() < 1
+    ):
         return value
     flat = value.detach().reshape(-1)
-    if permute or not value.is_floating_point():
+    if permute:
         return flat[torch.randperm(flat.numel(), generator=gen)].reshape(value.shape).clone()
     wide = flat.to(torch.float64)
     noise = torch.randn(wide.shape, generator=gen, dtype=torch.float64) * 0.1 * wide.std(0)
@@ -176,21 +216,30 @@ def _vary(value: object, permute: bool, gen: torch.Generator) -> object:
 
 
 def calibration_summary(
-    model: LoadedModel, samples: Sequence[Sample], source: Path | None
+    model: LoadedModel, samples: Sequence[Sample | ModelInputs], source: Path | None
 ) -> dict[str, Any]:
     """What calibrated `model`, for the prepare manifest's metrics: the source ("file",
     "builtin-sentences", "example-range" or "random"), how many samples, and each input
-    tensor's dtype and the [min, max] the samples span."""
+    tensor's dtype and the [min, max] the samples span. Inputs are named by `input_names` for
+    flat models, else by their path in the structure (e.g. ``args[1][0]``, ``kwargs['mask']``)."""
     inputs: list[dict[str, Any]] = []
+    names = list(model.input_names)
+    if not model.example.is_flat():
+        paths, _ = torch.utils._pytree.tree_flatten_with_path(
+            {"args": tuple(model.example_inputs), "kwargs": dict(model.example_kwargs)}
+        )
+        names = [torch.utils._pytree.keystr(path).lstrip(".") for path, _ in paths]
+        names = [n.replace("['args']", "args", 1).replace("['kwargs']", "kwargs", 1) for n in names]
     if samples:
-        columns = list(zip(*(torch.utils._pytree.tree_leaves(s) for s in samples), strict=True))
+        leaves = [as_model_inputs(s).leaves() for s in samples]
+        columns = list(zip(*leaves, strict=True))
         for i, column in enumerate(columns):
             tensors = [t for t in column if isinstance(t, torch.Tensor) and t.numel() > 0]
             if not tensors or tensors[0].is_complex():
                 continue
             lows = [float(t.min()) for t in tensors]
             highs = [float(t.max()) for t in tensors]
-            name = model.input_names[i] if i < len(model.input_names) else f"input_{i}"
+            name = names[i] if i < len(names) else f"input_{i}"
             inputs.append(
                 {"input": name, "dtype": str(tensors[0].dtype).removeprefix("torch."),
                  "min": min(lows), "max": max(highs)}

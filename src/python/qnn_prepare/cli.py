@@ -7,7 +7,15 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from qnn_common.cli_support import add_logging_args, run_cli, setup_logging
+from qnn_common.cli_support import (
+    EXIT_CODES_HELP,
+    add_logging_args,
+    check_output_writable,
+    check_path_args,
+    check_utf8_path,
+    run_cli,
+    setup_logging,
+)
 from qnn_common.config import DEFAULT_SEED, PrepareConfig
 from qnn_common.stages import PrepareInput
 
@@ -17,11 +25,12 @@ def build_parser() -> argparse.ArgumentParser:
         prog="qnn-prepare",
         description="Load a model, export it with torch.export, and write calibration and "
         "evaluation samples plus fp32 reference outputs into an artifact directory.",
+        epilog=EXIT_CODES_HELP,
     )
     p.add_argument(
         "--model",
         help="built-in name (see --list-models), a local Hugging Face directory, "
-        "or package.module:function returning (module, example_inputs)",
+        "or package.module:function returning (module, args) or (module, args, kwargs)",
     )
     p.add_argument("--list-models", action="store_true", help="list built-in models and exit")
     p.add_argument("-o", "--out", type=Path, default=Path("out/prepare"),
@@ -33,6 +42,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--calibration-file", type=Path,
                    help="a .txt file (one sample per line, text models) or a .pt file of inputs")
     p.add_argument("--seed", type=int, default=DEFAULT_SEED)
+    llm = p.add_argument_group("causal LMs")
+    llm.add_argument("--kv-cache", action="store_true",
+                     help="export prefill + decode methods over a static KV cache (generation)")
+    llm.add_argument("--max-seq-len", type=int,
+                     help="context length of the cache (default: min(512, "
+                     "max_position_embeddings))")
+    llm.add_argument("--prefill-len", type=int, help="tokens per prefill call (default: 32)")
     add_logging_args(p)
     return p
 
@@ -40,6 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _main(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging(args.verbose, args.quiet)
+    check_path_args(args)
     # Imported here so that --help answers without importing torch.
     from qnn_prepare.api import run_prepare
     from qnn_prepare.models import BUILTIN_MODELS
@@ -50,6 +67,8 @@ def _main(argv: Sequence[str] | None) -> int:
         return 0
     if not args.model:
         build_parser().error("--model is required (or --list-models)")
+    check_utf8_path(Path(args.model), "--model")  # it may name a directory
+    check_output_writable(args.out, "--out")
     config = PrepareConfig(
         model=args.model,
         seq_len=args.seq_len,
@@ -57,6 +76,9 @@ def _main(argv: Sequence[str] | None) -> int:
         eval_samples=args.eval_samples,
         calibration_file=args.calibration_file,
         seed=args.seed,
+        kv_cache=args.kv_cache,
+        max_seq_len=args.max_seq_len,
+        prefill_len=args.prefill_len,
     )
     result = run_prepare(PrepareInput(config=config, out_dir=args.out))
     print(f"prepared {args.model} -> {result.artifact_dir}")

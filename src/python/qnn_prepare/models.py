@@ -8,7 +8,7 @@ A model spec is one of:
   directory): loaded offline; ``*ForCausalLM`` architectures become logits-only causal LMs, other
   text models become encoders;
 * ``package.module:function``: a factory called with no arguments that returns
-  ``(module, example_inputs)``.
+  ``(module, args)`` or ``(module, args, kwargs)`` (see `FACTORY_CONTRACT`).
 
 Every module is wrapped so that its forward takes only tensors and returns only tensors, in eval
 mode, at a fixed sequence length. Attention masks are built outside transformers' mask helpers:
@@ -22,10 +22,13 @@ import copy
 import dataclasses
 import hashlib
 import importlib
+import inspect
 import json
+import os
 import re
 import tempfile
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -34,20 +37,20 @@ import torch
 from torch import nn
 
 from qnn_common.errors import ArtifactError, BackendNotAvailableError, ConfigValidationError
+from qnn_common.llm import MASK_VALUE
+from qnn_common.tensorio import ModelInputs, check_structure
+from qnn_prepare.causal_lm import TINY_DECODERS, save_tiny_decoder
 
 BUILTIN_MODELS: dict[str, str] = {
     "minilm": "sentence-transformers/all-MiniLM-L6-v2: BERT text encoder (22 M params, real "
     "weights) -> L2-normalized 384-d sentence embedding",
     "tiny-cnn": "conv/relu/pool/linear classifier on 3x32x32 images, seeded random weights",
-    "tiny-llama": "Llama decoder (2 layers, hidden 64, vocab 256), seeded random weights -> "
-    "logits: the causal-LM path, offline (numerically meaningless text)",
+    **{
+        name: f"{description} -> logits; with --prompt a KV-cache program that generates "
+        "(numerically meaningless text)"
+        for name, description in TINY_DECODERS.items()
+    },
 }
-
-# Added to attention scores at masked positions. Not finfo(float32).min: that overflows to -inf in
-# fp16 (NaN after softmax on an all-masked row) and, once a backend quantizes the score add,
-# stretches its range so far that every real score rounds to the same value. -255 still drives
-# exp() to ~1e-111, and is the value ExecuTorch's own QNN Llama export uses.
-MASK_VALUE = -255.0
 
 # Sentence used to build example inputs for models with a tokenizer.
 EXAMPLE_SENTENCE = "ExecuTorch runs this model on a phone after it has been quantized."
@@ -76,6 +79,20 @@ _FACTORY_SPEC = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
 _KINDS = ("text-encoder", "causal-lm", "vision", "custom")
 
+FACTORY_CONTRACT = """\
+A 'package.module:function' factory takes no arguments and returns (module, args) or
+(module, args, kwargs):
+  module  a torch.nn.Module;
+  args    the positional arguments of its forward: a tuple (a list or a lone tensor is also
+          taken as the arguments, so pass a single list or dict argument as (value,));
+  kwargs  a dict of keyword arguments (str keys), optional.
+Values nest tuples, lists and str-keyed dicts of tensors, int, float, bool and None: anything
+torch.export accepts. Non-tensor values are baked into the program as constants, so every
+calibration / eval / --inputs sample repeats the example's values; only tensors vary. Keyword
+arguments that name a positional parameter of forward (in order, right after args) are passed by
+position, so the program's signature is forward's; keyword-only ones stay keywords. The
+program (and the .pte) take the pytree leaves of (args, kwargs) in order, constants included."""
+
 
 @dataclass(frozen=True)
 class LoadedModel:
@@ -84,12 +101,16 @@ class LoadedModel:
     name: str
     kind: str  # "text-encoder" | "causal-lm" | "vision" | "custom"
     module: nn.Module
-    example_inputs: tuple[torch.Tensor, ...]
+    # The positional arguments: tensors for the built-ins, any FACTORY_CONTRACT structure for a
+    # factory's model (hence Any), one name each in `input_names`.
+    example_inputs: tuple[Any, ...]
     input_names: tuple[str, ...]
     output_names: tuple[str, ...]
     tokenizer: Any | None
     tokenizer_files: tuple[Path, ...]
     vocab_size: int | None
+    # Keyword arguments (keyword-only parameters of a factory model's forward), else empty.
+    example_kwargs: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.kind not in _KINDS:
@@ -98,6 +119,11 @@ class LoadedModel:
             raise ValueError(
                 f"{len(self.input_names)} input names for {len(self.example_inputs)} inputs"
             )
+
+    @property
+    def example(self) -> ModelInputs:
+        """The example call: `example_inputs` and `example_kwargs`."""
+        return ModelInputs(tuple(self.example_inputs), dict(self.example_kwargs))
 
     @property
     def seq_len(self) -> int | None:
@@ -125,12 +151,12 @@ def load_model(spec: str, *, seq_len: int = 128, seed: int = 1126) -> LoadedMode
         return _load_minilm(seq_len, seed)
     if spec == "tiny-cnn":
         return _load_tiny_cnn(seed)
-    if spec == "tiny-llama":
+    if spec in TINY_DECODERS:
         # Through a real HF directory, so it takes exactly the path a downloaded model takes.
         with tempfile.TemporaryDirectory() as tmp:
-            model_dir = save_tiny_llama(Path(tmp) / "tiny-llama", seed=seed)
-            loaded = _load_hf_dir(model_dir, name="tiny-llama", seq_len=seq_len, seed=seed)
-        # It has no tokenizer, and the directory's files are gone with the temp dir.
+            model_dir = save_tiny_decoder(spec, Path(tmp) / spec, seed=seed)
+            loaded = _load_hf_dir(model_dir, name=spec, seq_len=seq_len, seed=seed)
+        # The directory's files are gone with the temp dir (the tokenizer is loaded already).
         return dataclasses.replace(loaded, tokenizer_files=())
     path = Path(spec).expanduser()
     if "/" in spec or spec.startswith((".", "~")) or path.is_dir():
@@ -142,7 +168,7 @@ def load_model(spec: str, *, seq_len: int = 128, seed: int = 1126) -> LoadedMode
         spec,
         "not a built-in model; give a built-in name, a local Hugging Face model directory "
         "(e.g. ./models/my-llama, must contain config.json), or a factory "
-        "'package.module:function' returning (module, example_inputs)",
+        "'package.module:function' returning (module, args) or (module, args, kwargs)",
         allowed=tuple(BUILTIN_MODELS),
     )
 
@@ -155,8 +181,9 @@ def is_factory_spec(spec: str) -> bool:
 
 def export_program(model: LoadedModel) -> torch.export.ExportedProgram:
     """torch.export the model at its example inputs (non-strict, static shapes)."""
+    kwargs = dict(model.example_kwargs) or None
     with torch.no_grad():
-        return torch.export.export(model.module, model.example_inputs, strict=False)
+        return torch.export.export(model.module, tuple(model.example_inputs), kwargs, strict=False)
 
 
 # --------------------------------------------------------------------------------------------
@@ -423,6 +450,20 @@ def _load_hf_dir(model_dir: Path, *, name: str, seq_len: int, seed: int) -> Load
             "only text models (config with vocab_size) load from a directory; wrap other "
             "models in a 'package.module:function' factory",
         )
+    max_positions = getattr(config, "max_position_embeddings", None)
+    if (
+        not any(a.endswith("ForCausalLM") for a in archs)  # rotary LMs have no position table
+        and isinstance(max_positions, int)
+        and seq_len > max_positions
+    ):
+        # Checked before loading the weights: past it, the encoder's position embedding has no
+        # row and fails deep inside torch with an index error.
+        raise ConfigValidationError(
+            "prepare.seq_len",
+            seq_len,
+            f"{name} ({model_dir}) has max_position_embeddings = {max_positions}, so it reads at "
+            f"most {max_positions} tokens; pass --seq-len {max_positions} or less",
+        )
     tokenizer = _load_tokenizer(model_dir)
     tokenizer_files = tuple(
         model_dir / f for f in _TOKENIZER_FILE_NAMES if (model_dir / f).is_file()
@@ -492,15 +533,88 @@ def _import_current(module_name: str) -> ModuleType:
     return module
 
 
+def _import_path_hint() -> str:
+    """Where a factory's module must be to import. A PEX (what `./pants run` runs) ignores
+    PYTHONPATH and reads PEX_EXTRA_SYS_PATH instead; pex sets $PEX in the processes it runs."""
+    if os.environ.get("PEX"):
+        return (
+            "this is a PEX (./pants run), which ignores PYTHONPATH: put the module's directory "
+            "on PEX_EXTRA_SYS_PATH"
+        )
+    return (
+        "put the module's directory on PYTHONPATH (on PEX_EXTRA_SYS_PATH under ./pants run, "
+        "whose PEX ignores PYTHONPATH)"
+    )
+
+
+def _factory_inputs(
+    spec: str, result: object
+) -> tuple[nn.Module, tuple[Any, ...], dict[str, Any], list[str]]:
+    """Check a factory's return value against FACTORY_CONTRACT: (module, args, kwargs, input
+    names).
+
+    Keyword arguments that fill forward's positional parameters right after `args` move into
+    `args` (named after their parameter): downstream, a sample is then called ``gm(*args)``
+    like a flat one, and the program's signature is forward's own.
+    """
+    def refuse(problem: str) -> ConfigValidationError:
+        return ConfigValidationError("model", spec, f"{problem}.\n{FACTORY_CONTRACT}")
+
+    if not isinstance(result, tuple | list) or len(result) not in (2, 3):
+        what = type(result).__name__
+        if isinstance(result, tuple | list):
+            what = f"{len(result)}-item {what}"
+        raise refuse(f"the factory returned a {what}, not (module, args) or (module, args, kwargs)")
+    module, args, kwargs = (*result, {}) if len(result) == 2 else result
+    if not isinstance(module, nn.Module):
+        raise refuse(f"the factory's first item is a {type(module).__name__}, not an nn.Module")
+    if isinstance(args, torch.Tensor):
+        args = (args,)
+    if isinstance(args, dict):
+        raise refuse(
+            "the factory's args is a dict; return (module, (), that_dict) to pass it as keyword "
+            "arguments, or (module, (that_dict,)) to pass it as one argument"
+        )
+    if not isinstance(args, tuple | list):
+        raise refuse(f"the factory's args is a {type(args).__name__}, not a tuple")
+    if kwargs is None:
+        kwargs = {}
+    if not isinstance(kwargs, dict):
+        raise refuse(f"the factory's kwargs is a {type(kwargs).__name__}, not a dict")
+    args, kwargs = tuple(args), dict(kwargs)
+    problem = check_structure(args, "args") or check_structure(kwargs, "kwargs")
+    if problem is not None:
+        raise refuse(problem)
+    if not any(isinstance(v, torch.Tensor) for v in ModelInputs(args, kwargs).leaves()):
+        raise refuse(
+            "the example inputs hold no tensor; torch.export would bake every input into the "
+            "program as a constant, leaving nothing to feed it"
+        )
+    names = [f"input_{i}" for i in range(len(args))]
+    try:
+        params = list(inspect.signature(module.forward).parameters.values())
+    except (TypeError, ValueError):  # no introspectable signature: keep the keywords as given
+        params = []
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    for param in params[len(args):]:
+        if param.kind not in positional or param.name not in kwargs:
+            break  # a gap (a default left out) or a keyword-only parameter: the rest stay keywords
+        args += (kwargs.pop(param.name),)
+        names.append(param.name)
+    return module, args, kwargs, names
+
+
 def _load_factory(spec: str) -> LoadedModel:
     module_name, func_name = spec.split(":")
     try:
         py_module = _import_current(module_name)
     except ImportError as err:
         raise ConfigValidationError(
-            "model", spec, f"cannot import {module_name!r} ({err}); is it on PYTHONPATH?"
+            "model", spec, f"cannot import {module_name!r} ({err}); {_import_path_hint()}"
         ) from err
-    except Exception as err:  # user code: a syntax error or whatever its top level raises
+    # User code: a syntax error or whatever its top level raises, sys.exit() included (it would
+    # otherwise end the whole run with its exit code and no message).
+    except (Exception, SystemExit) as err:
         raise ConfigValidationError(
             "model",
             spec,
@@ -511,26 +625,16 @@ def _load_factory(spec: str) -> LoadedModel:
         raise ConfigValidationError(
             "model", spec, f"{module_name!r} has no callable named {func_name!r}"
         )
-    result = factory()
-    expected = "the factory must return (torch.nn.Module, tuple of example input tensors)"
-    if not isinstance(result, tuple | list) or len(result) != 2:
-        raise ConfigValidationError("model", spec, f"{expected}; got {type(result).__name__}")
-    module, inputs = result
-    if not isinstance(module, nn.Module):
+    try:
+        result = factory()
+    except SystemExit as err:
         raise ConfigValidationError(
-            "model", spec, f"{expected}; first item is {type(module).__name__}"
-        )
-    if isinstance(inputs, torch.Tensor):
-        inputs = (inputs,)
-    if (
-        not isinstance(inputs, tuple | list)
-        or not inputs
-        or not all(isinstance(t, torch.Tensor) for t in inputs)
-    ):
-        raise ConfigValidationError(
-            "model", spec, f"{expected}; second item is not a non-empty tuple of tensors"
-        )
-    example = tuple(inputs)
+            "model",
+            spec,
+            f"the factory called sys.exit({err.code!r}) instead of returning "
+            "(module, args); raise an exception to report a failure",
+        ) from None
+    module, example, kwargs, names = _factory_inputs(spec, result)
     module = module.eval()
     # One eager call names the outputs and fails here, with the spec in the message, rather than
     # deep inside torch.export.
@@ -538,8 +642,8 @@ def _load_factory(spec: str) -> LoadedModel:
         with torch.no_grad():
             # On a copy: a model that updates its inputs in place would otherwise change the
             # example inputs that are exported with and saved as the first eval sample.
-            out = module(*copy.deepcopy(example))
-    except Exception as err:  # user code: whatever it raises is reported against the spec
+            out = module(*copy.deepcopy(example), **copy.deepcopy(kwargs))
+    except (Exception, SystemExit) as err:  # user code: reported against the spec, exits too
         raise ConfigValidationError(
             "model", spec, f"the module fails on its own example inputs: {err}"
         ) from err
@@ -551,9 +655,10 @@ def _load_factory(spec: str) -> LoadedModel:
         kind="custom",
         module=module,
         example_inputs=example,
-        input_names=tuple(f"input_{i}" for i in range(len(example))),
+        input_names=tuple(names),
         output_names=tuple(f"output_{i}" for i in range(len(leaves))),
         tokenizer=None,
         tokenizer_files=(),
         vocab_size=None,
+        example_kwargs=kwargs,
     )

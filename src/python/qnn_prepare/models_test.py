@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from qnn_common.errors import ArtifactError, ConfigValidationError
+from qnn_common.llm import MASK_VALUE
 from qnn_prepare.models import (
     BUILTIN_MODELS,
-    MASK_VALUE,
     LoadedModel,
     _CausalLm,
     export_program,
@@ -208,8 +208,8 @@ def test_factory_spec(factory_module: str) -> None:
 @pytest.mark.parametrize(
     ("func", "message"),
     [
-        ("not_a_pair", "must return"),
-        ("bad_inputs", "not a non-empty tuple of tensors"),
+        ("not_a_pair", r"not \(module, args\) or \(module, args, kwargs\)"),
+        ("bad_inputs", r"args\[0\] is a str"),
         ("wrong_shape", "fails on its own example inputs"),
         ("missing", "no callable named"),
     ],

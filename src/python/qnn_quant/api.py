@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import logging
 import time
 
@@ -10,7 +9,9 @@ import torch
 
 import qnn_quant
 from qnn_common.config import QuantizeConfig, Stage
+from qnn_common.llm import LlmSpec, method_steps, teacher_forced_logits
 from qnn_common.manifest import (
+    Manifest,
     atomic_copy,
     begin_artifact,
     cache_key,
@@ -19,22 +20,31 @@ from qnn_common.manifest import (
     manifest_digest,
     write_manifest,
 )
+from qnn_common.metrics import compare_samples, logits_accuracy
 from qnn_common.stages import (
     CALIBRATION,
     EVAL_INPUTS,
     PROGRAM,
     REFERENCE_FAKE_QUANT,
     REFERENCE_FP32,
+    ROPE_TABLE,
     QuantizeInput,
     QuantizeOutput,
+    llm_spec_of,
+    method_program,
+    program_files,
+    rope_of,
 )
 from qnn_common.tensorio import (
+    ModelInputs,
     flatten_outputs,
+    load_inputs,
     load_program,
     load_samples,
     save_program,
     save_samples,
 )
+from qnn_quant.methods import module_runner, quantize_causal_lm
 from qnn_quant.pt2e import quantize_program, quantized_op_count
 from qnn_quant.report import accuracy_report
 
@@ -52,10 +62,13 @@ def run_quantize(inp: QuantizeInput) -> QuantizeOutput:
     """PT2E-quantize a prepared program, and report what the quantization cost in accuracy."""
     cfg: QuantizeConfig = inp.config
     src = load_manifest(inp.source, expect_stage=Stage.PREPARE)
+    llm = llm_spec_of(inp.source, src)
+    if llm is not None:
+        return _run_quantize_causal_lm(inp, src, llm)
     program = load_program(inp.source / PROGRAM)
-    calibration = load_samples(inp.source / CALIBRATION)
-    eval_inputs = load_samples(inp.source / EVAL_INPUTS)
-    out = begin_artifact(inp.out_dir)
+    calibration = load_inputs(inp.source / CALIBRATION)
+    eval_inputs = load_inputs(inp.source / EVAL_INPUTS)
+    out = begin_artifact(inp.out_dir, inputs=[inp.source])
     timings: dict[str, float] = {}
 
     t = time.perf_counter()
@@ -72,12 +85,26 @@ def run_quantize(inp: QuantizeInput) -> QuantizeOutput:
     log.info("quantized to %s for %s in %.1f s", cfg.recipe, cfg.target, timings["quantize_s"])
 
     t = time.perf_counter()
-    report = accuracy_report(program, quantized, eval_inputs, top_k=cfg.report_layers)
-    timings["report_s"] = time.perf_counter() - t
     module = quantized.module()
     with torch.no_grad():
         # Copies: a model that updates an input in place must not change the eval inputs.
-        fake_quant = [flatten_outputs(module(*copy.deepcopy(s))) for s in eval_inputs]
+        fake_quant = [_call(module, s) for s in eval_inputs]
+    if any(s.kwargs for s in eval_inputs):
+        # accuracy_report calls the programs positionally; keyword-only inputs get the output
+        # comparison alone (the per-layer view needs positional inputs).
+        with torch.no_grad():
+            fp32_module = program.module()
+            reference = [_call(fp32_module, s) for s in eval_inputs]
+        report = {
+            "num_samples": len(eval_inputs),
+            "vs_fp32": compare_samples(reference, fake_quant),
+            "worst_layers": [],
+            "layers_compared": 0,
+        }
+    else:
+        args = [tuple(s.args) for s in eval_inputs]
+        report = accuracy_report(program, quantized, args, top_k=cfg.report_layers)
+    timings["report_s"] = time.perf_counter() - t
 
     save_program(out / PROGRAM, quantized)
     save_samples(out / REFERENCE_FAKE_QUANT, fake_quant)
@@ -104,4 +131,71 @@ def run_quantize(inp: QuantizeInput) -> QuantizeOutput:
             "accuracy": report,
         },
     )
-    return QuantizeOutput(out, manifest)
+    return QuantizeOutput(inp.out_dir, manifest)
+
+
+def _call(module: torch.nn.Module, sample: ModelInputs) -> tuple[torch.Tensor, ...]:
+    """`module` on a copy of `sample`, its outputs flattened."""
+    inputs = sample.clone()
+    return flatten_outputs(module(*inputs.args, **inputs.kwargs))
+
+
+def _run_quantize_causal_lm(inp: QuantizeInput, src: Manifest, spec: LlmSpec) -> QuantizeOutput:
+    """Prefill and decode quantized with one set of scales; the fake-quant reference is their
+    teacher-forced logits on the eval texts."""
+    cfg: QuantizeConfig = inp.config
+    programs = {m: load_program(inp.source / f) for m, f in program_files(src).items()}
+    calibration = [s[0] for s in load_samples(inp.source / CALIBRATION)]
+    eval_tokens = [s[0] for s in load_samples(inp.source / EVAL_INPUTS)]
+    rope = rope_of(inp.source, src)
+    out = begin_artifact(inp.out_dir, inputs=[inp.source])
+    timings: dict[str, float] = {}
+
+    t = time.perf_counter()
+    quantized = quantize_causal_lm(
+        programs, target=cfg.target, recipe=cfg.recipe, spec=spec, calibration=calibration,
+        per_channel=cfg.per_channel, block_size=cfg.block_size, keep_float=cfg.keep_float,
+        rope=rope,
+    )
+    timings["quantize_s"] = time.perf_counter() - t
+    log.info("quantized %s to %s for %s in %.1f s", ", ".join(quantized), cfg.recipe,
+             cfg.target, timings["quantize_s"])
+
+    t = time.perf_counter()
+    modules = {m: program.module() for m, program in quantized.items()}
+    fake_quant = teacher_forced_logits(
+        *method_steps(spec, module_runner(modules, spec), rope), eval_tokens, spec
+    )
+    timings["report_s"] = time.perf_counter() - t
+    files = []
+    for method, program in quantized.items():
+        save_program(out / method_program(method), program)
+        files.append(method_program(method))
+    save_samples(out / REFERENCE_FAKE_QUANT, [(logits,) for logits in fake_quant])
+    carried = [EVAL_INPUTS, REFERENCE_FP32] + [
+        f.path for f in src.files if f.path.startswith("tokenizer/") or f.path == ROPE_TABLE
+    ]
+    for name in carried:
+        atomic_copy(inp.source / name, out / name)
+    reference = [s[0] for s in load_samples(inp.source / REFERENCE_FP32)]
+    inputs = {"prepare": manifest_digest(inp.source)}
+    manifest = write_manifest(
+        out,
+        stage=Stage.QUANTIZE,
+        package=PACKAGE,
+        package_version=qnn_quant.__version__,
+        config=cfg,
+        inputs=inputs,
+        files=[*files, REFERENCE_FAKE_QUANT, *carried],
+        cache_key=cache_key(Stage.QUANTIZE, cfg, inputs, code_version(qnn_quant)),
+        timings={k: round(v, 3) for k, v in timings.items()},
+        metrics={
+            "model": src.metrics.get("model"),
+            "kind": "causal-lm",
+            "methods": list(quantized),
+            "llm": spec.to_json(),
+            "quantized_ops": sum(quantized_op_count(p.graph_module) for p in quantized.values()),
+            "accuracy": {"vs_fp32": logits_accuracy(reference, fake_quant)},
+        },
+    )
+    return QuantizeOutput(inp.out_dir, manifest)

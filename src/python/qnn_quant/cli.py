@@ -8,7 +8,14 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from qnn_common.cli_support import add_logging_args, run_cli, setup_logging
+from qnn_common.cli_support import (
+    EXIT_CODES_HELP,
+    add_logging_args,
+    check_output_writable,
+    check_path_args,
+    run_cli,
+    setup_logging,
+)
 from qnn_common.config import DEFAULT_LPBQ_BLOCK, QuantizeConfig
 from qnn_common.recipes import Backend, Recipe, parse_enum
 from qnn_common.stages import QuantizeInput
@@ -19,6 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="qnn-quant",
         description="Quantize a prepared artifact with PT2E (torchao) and report SQNR / cosine "
         "per output and the layers that lose the most accuracy.",
+        epilog=EXIT_CODES_HELP,
     )
     p.add_argument("source", type=Path, help="a prepared artifact directory (from qnn-prepare)")
     p.add_argument("-o", "--out", type=Path, default=Path("out/quantize"),
@@ -46,6 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
 def _main(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging(args.verbose, args.quiet)
+    check_path_args(args)
+    check_output_writable(args.out, "--out")
     config = QuantizeConfig(
         backend=parse_enum(Backend, args.backend, "--backend"),
         recipe=parse_enum(Recipe, args.recipe, "--recipe"),

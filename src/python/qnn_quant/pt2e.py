@@ -22,7 +22,6 @@ have the range to spare, so those recipes quantize them. On QNN a float layer ru
 
 from __future__ import annotations
 
-import copy
 import logging
 import re
 from collections.abc import Sequence
@@ -36,6 +35,7 @@ from qnn_common.config import DEFAULT_LPBQ_BLOCK
 from qnn_common.errors import ConfigValidationError
 from qnn_common.recipes import Recipe, check_recipe
 from qnn_common.target import Target
+from qnn_common.tensorio import ModelInputs, as_model_inputs
 from qnn_quant.quantizers import QuantizerSpec, quantizer_for
 
 log = logging.getLogger(__name__)
@@ -49,7 +49,7 @@ def quantize_program(
     *,
     target: Target,
     recipe: Recipe,
-    calibration: Sequence[tuple[torch.Tensor, ...]],
+    calibration: Sequence[tuple[torch.Tensor, ...] | ModelInputs],
     per_channel: bool = True,
     block_size: int = DEFAULT_LPBQ_BLOCK,
     progress: bool = True,
@@ -62,35 +62,64 @@ def quantize_program(
     ``^head$``); matching layers stay in float. None means `OUTLIER_LAYERS` for 8-bit activation
     recipes and nothing otherwise; pass ``()`` to quantize every layer the quantizer supports.
     Raises ConfigValidationError for float recipes, recipes the backend cannot run, bad patterns
-    and calibration samples that do not fit the program.
+    and calibration samples that do not fit the program. A sample is a tuple of positional
+    arguments, or `ModelInputs` for a program that takes keyword arguments.
     """
-    if not recipe.is_quantized:
-        raise ConfigValidationError(
-            "quantize.recipe",
-            recipe.value,
-            "a float recipe needs no quantization; skip the quantize stage and compile the "
-            "exported program directly",
-            allowed=tuple(r.value for r in Recipe if r.is_quantized),
-        )
-    check_recipe(target.backend, recipe, target.soc, field="quantize.recipe")
+    _check_quantizable(target, recipe)
     samples = _check_calibration(ep, calibration)
+    prepared = prepare_program(
+        ep, target=target, recipe=recipe, per_channel=per_channel, block_size=block_size,
+        keep_float=keep_float,
+    )
+    with torch.no_grad():
+        for sample in tqdm(samples, desc="calibrate", unit="sample", disable=not progress):
+            # A copy: a model that updates an input in place must not change our samples.
+            inputs = sample.clone()
+            prepared(*inputs.args, **inputs.kwargs)
+    first = tuple(samples[0].args)
+    return convert_program(ep, prepared, target=target, recipe=recipe, samples=[first])
+
+
+def prepare_program(
+    ep: ExportedProgram,
+    *,
+    target: Target,
+    recipe: Recipe,
+    per_channel: bool = True,
+    block_size: int = DEFAULT_LPBQ_BLOCK,
+    keep_float: Sequence[str] | None = None,
+) -> torch.fx.GraphModule:
+    """`ep` with the target's observers inserted (torchao `prepare_pt2e`), ready to calibrate.
+
+    The recipe is checked against the target first; see `quantize_program` for the arguments.
+    """
+    _check_quantizable(target, recipe)
     if keep_float is None:
         keep_float = OUTLIER_LAYERS if recipe.activation_bits == 8 else ()
     patterns = _compile_patterns(keep_float)
 
     # Imported here: torchao and executorch take seconds to import and are only needed now.
-    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+    from torchao.quantization.pt2e.quantize_pt2e import prepare_pt2e
 
     graph_module = ep.module()
     float_nodes = _nodes_under(graph_module, patterns)
     spec = QuantizerSpec(target, recipe, per_channel, block_size, float_nodes)
     quantizer = quantizer_for(spec, graph_module)
+    prepared: torch.fx.GraphModule = prepare_pt2e(graph_module, quantizer)
+    return prepared
 
-    prepared = prepare_pt2e(graph_module, quantizer)
-    with torch.no_grad():
-        for sample in tqdm(samples, desc="calibrate", unit="sample", disable=not progress):
-            # A copy: a model that updates an input in place must not change our samples.
-            prepared(*copy.deepcopy(sample))
+
+def convert_program(
+    ep: ExportedProgram,
+    prepared: torch.fx.GraphModule,
+    *,
+    target: Target,
+    recipe: Recipe,
+    samples: Sequence[tuple[torch.Tensor, ...]] = (),
+) -> ExportedProgram:
+    """Convert a calibrated `prepared` module (of `ep`) to q/dq ops and export it again."""
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e
+
     converted = convert_pt2e(prepared)
     if quantized_op_count(converted) == 0:
         # Not an error yet: XNNPACK's quantizer is limited to linear / conv / pooling families
@@ -124,6 +153,18 @@ def quantized_op_count(gm: torch.fx.GraphModule) -> int:
 # Validation.
 
 
+def _check_quantizable(target: Target, recipe: Recipe) -> None:
+    if not recipe.is_quantized:
+        raise ConfigValidationError(
+            "quantize.recipe",
+            recipe.value,
+            "a float recipe needs no quantization; skip the quantize stage and compile the "
+            "exported program directly",
+            allowed=tuple(r.value for r in Recipe if r.is_quantized),
+        )
+    check_recipe(target.backend, recipe, target.soc, field="quantize.recipe")
+
+
 def _example_inputs(
     ep: ExportedProgram, samples: Sequence[tuple[torch.Tensor, ...]]
 ) -> tuple[tuple[Any, ...], dict[str, Any] | None]:
@@ -133,33 +174,53 @@ def _example_inputs(
     return tuple(samples[0]), None
 
 
-def _input_specs(ep: ExportedProgram) -> list[torch.Tensor] | None:
-    """Fake tensors of the program's user inputs, or None if they cannot be read."""
-    user_inputs = set(ep.graph_signature.user_inputs)
-    vals = [
-        n.meta.get("val") for n in ep.graph.nodes if n.op == "placeholder" and n.name in user_inputs
-    ]
-    if not all(isinstance(v, torch.Tensor) for v in vals):
-        return None
-    return [v for v in vals if isinstance(v, torch.Tensor)]
+def _input_values(ep: ExportedProgram) -> list[Any] | None:
+    """The program's user inputs in order: fake tensors, and constants (int, None, ...) for
+    the non-tensor inputs torch.export specialized; None if they cannot be read."""
+    from torch.export.graph_signature import ConstantArgument, InputKind
+
+    user_inputs = [s for s in ep.graph_signature.input_specs if s.kind == InputKind.USER_INPUT]
+    placeholders = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
+    values: list[Any] = []
+    for spec in user_inputs:
+        if isinstance(spec.arg, ConstantArgument):
+            values.append(spec.arg.value)
+            continue
+        node = placeholders.get(getattr(spec.arg, "name", ""))
+        val = node.meta.get("val") if node is not None else None
+        if not isinstance(val, torch.Tensor):
+            return None
+        values.append(val)
+    return values
 
 
 def _check_calibration(
-    ep: ExportedProgram, calibration: Sequence[tuple[torch.Tensor, ...]]
-) -> list[tuple[torch.Tensor, ...]]:
+    ep: ExportedProgram, calibration: Sequence[tuple[torch.Tensor, ...] | ModelInputs]
+) -> list[ModelInputs]:
+    """The samples as ModelInputs, each checked against the program's flat user inputs (the
+    pytree leaves of its args and kwargs; constants are checked by the program's own guards)."""
     field = "calibration"
-    samples = [tuple(s) for s in calibration]
+    samples = [as_model_inputs(s) for s in calibration]
     if not samples:
         raise ConfigValidationError(field, 0, "need at least one calibration sample")
-    specs = _input_specs(ep)
+    specs = _input_values(ep)
     if specs is None:
         return samples
     for i, sample in enumerate(samples):
-        if len(sample) != len(specs):
+        leaves = sample.leaves()
+        if len(leaves) != len(specs):
             raise ConfigValidationError(
-                field, f"sample {i}", f"has {len(sample)} tensors, the program takes {len(specs)}"
+                field, f"sample {i}",
+                f"has {len(leaves)} inputs (pytree leaves of its args and kwargs), the program "
+                f"takes {len(specs)}",
             )
-        for j, (got, want) in enumerate(zip(sample, specs, strict=True)):
+        for j, (got, want) in enumerate(zip(leaves, specs, strict=True)):
+            if not isinstance(want, torch.Tensor):
+                continue
+            if not isinstance(got, torch.Tensor):
+                raise ConfigValidationError(
+                    field, f"sample {i} input {j}", f"expected a tensor, got {got!r}"
+                )
             if got.dtype != want.dtype or tuple(got.shape) != tuple(want.shape):
                 raise ConfigValidationError(
                     field,

@@ -55,8 +55,8 @@ def test_8a8w_inserts_quantize_ops_and_stays_close(programs: Programs) -> None:
 def test_report_names_layers_and_outputs(programs: Programs) -> None:
     fp32, quantized, held_out = programs
     report = accuracy_report(fp32, quantized, held_out, top_k=2)
-    assert report["num_samples"] == 3 and len(report["outputs"]) == 1
-    assert float(report["outputs"][0]["sqnr_db"]) > 20
+    assert report["num_samples"] == 3 and len(report["vs_fp32"]["per_output"]) == 1
+    assert float(report["vs_fp32"]["sqnr_db"]) > 20
     assert len(report["worst_layers"]) == 2
     assert {w["layer"] for w in report["worst_layers"]} <= {"fc1", "fc2", "relu", ""}
 

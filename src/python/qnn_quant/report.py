@@ -16,7 +16,6 @@ outputs later ignore: a padded encoder can show worse layer numbers than its fin
 from __future__ import annotations
 
 import copy
-import math
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -58,10 +57,10 @@ def accuracy_report(
 ) -> dict[str, Any]:
     """Compare `quantized` with `fp32` on `samples`; a JSON-serializable dict.
 
-    Keys: ``num_samples``; ``outputs``: per output index ``{index, sqnr_db, cosine,
-    max_abs_error}`` over all samples concatenated; ``mean``: ``{sqnr_db, cosine}`` averaged over
-    outputs; ``worst_layers``: the `top_k` lowest-SQNR layers ``{layer, node, op, sqnr_db,
-    cosine}`` (layer = nn.Module path, or the node name if it has none); ``layers_compared``.
+    Keys: ``num_samples``; ``vs_fp32``: `qnn_common.metrics.accuracy_record` of the outputs (the
+    schema infer uses too); ``worst_layers``: the `top_k` lowest-SQNR layers ``{layer, node, op,
+    sqnr_db, cosine}`` (layer = nn.Module path, or the node name if it has none);
+    ``layers_compared``.
     Infinite SQNRs (no error at all) are written as the string ``"inf"`` (``"-inf"`` for a zero
     reference), since JSON has no infinity.
     """
@@ -91,15 +90,6 @@ def accuracy_report(
                 if ref_val is not None and q_val is not None and ref_val.shape == q_val.shape:
                     stats.update(_np(ref_val), _np(q_val))
 
-    outputs = [
-        {
-            "index": i,
-            "sqnr_db": _json_float(s.sqnr_db),
-            "cosine": s.cosine,
-            "max_abs_error": s.max_abs_error,
-        }
-        for i, s in enumerate(output_stats)
-    ]
     compared = [(name, s) for name, s in layer_stats.items() if s.count > 0]
     compared.sort(key=lambda item: item[1].sqnr_db)
     worst = [
@@ -107,18 +97,14 @@ def accuracy_report(
             "layer": layers[name].path or name,
             "node": name,
             "op": layers[name].op,
-            "sqnr_db": _json_float(s.sqnr_db),
+            "sqnr_db": metrics.json_float(s.sqnr_db),
             "cosine": s.cosine,
         }
         for name, s in compared[: max(top_k, 0)]
     ]
     return {
         "num_samples": len(samples),
-        "outputs": outputs,
-        "mean": {
-            "sqnr_db": _json_float(_mean([s.sqnr_db for s in output_stats])),
-            "cosine": _json_float(_mean([s.cosine for s in output_stats])),
-        },
+        "vs_fp32": metrics.accuracy_record(output_stats),
         "worst_layers": worst,
         "layers_compared": len(compared),
     }
@@ -126,19 +112,6 @@ def accuracy_report(
 
 def _np(t: torch.Tensor) -> Any:
     return t.detach().to(torch.float64).cpu().numpy()
-
-
-def _mean(values: list[float]) -> float:
-    return sum(values) / len(values) if values else math.nan
-
-
-def _json_float(x: float) -> float | str:
-    """x, or its name for the values strict JSON cannot hold."""
-    if math.isinf(x):
-        return "inf" if x > 0 else "-inf"
-    if math.isnan(x):
-        return "nan"
-    return x
 
 
 def _opname(node: torch.fx.Node) -> str | None:

@@ -1,0 +1,169 @@
+"""Benchmark: a causal LM's .pte (prefill + decode over a KV cache) against eager Hugging Face.
+
+Run: `./pants run bench/llm_bench.py -- --model tiny-llama --recipes fp32 8a8w`
+
+In one process, on the same model, prompt and number of new tokens, both greedy:
+- eager HF `generate` (its own dynamic KV cache): decode tokens/s;
+- the pipeline's program, per recipe: stage seconds, .pte bytes, time to first token, prefill and
+  decode tokens/s, and the ratio of decode tokens/s to eager's;
+- the size of the one two-method .pte against the same two methods lowered as separate files;
+- peak RSS of each stage, each run as its own CLI process (`os.wait4` reports the child's peak).
+Only ratios measured side by side mean anything on these noisy machines. Writes JSON with
+`--json` and prints a Markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from qnn_common.config import CompileConfig
+from qnn_common.recipes import Recipe
+from qnn_common.stages import method_program
+from qnn_common.tensorio import load_program
+from qnn_compile.backends import lowering_for
+from qnn_compile.lower import lower_program
+from qnn_prepare.causal_lm import save_tiny_decoder
+
+PROMPT = "Once upon a time"
+
+
+def _eager_decode_tokens_per_s(model_dir: Path, new_tokens: int, runs: int) -> float:
+    """Greedy HF generate: tokens after the first per second (prefill timed separately)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir)).eval()
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    ids = tokenizer(PROMPT, add_special_tokens=False, return_tensors="pt")["input_ids"]
+    pad = tokenizer.pad_token_id
+    best = 0.0
+    with torch.no_grad():
+        for _ in range(runs):
+            t = time.perf_counter()
+            model.generate(ids, max_new_tokens=1, do_sample=False, pad_token_id=pad)
+            first = time.perf_counter() - t
+            t = time.perf_counter()
+            model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                           do_sample=False, pad_token_id=pad)
+            rest = time.perf_counter() - t - first
+            best = max(best, (new_tokens - 1) / rest)
+    return best
+
+
+# Runs a stage CLI and writes its peak RSS (VmHWM: this process image's high-water mark; not
+# ru_maxrss, which a child inherits from the forking parent) to the file named by argv[1].
+_PEAK_RSS = """
+import runpy, sys
+out, module = sys.argv.pop(1), sys.argv.pop(1)
+def peak():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            open(out, "w").write(line.split()[1])
+try:
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
+finally:
+    peak()
+"""
+
+
+def _stage(argv: list[str], work: Path) -> tuple[float, float]:
+    """Run one stage CLI in its own process: (seconds, peak RSS in MB)."""
+    rss_file = work / "peak_rss_kb"
+    t = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-c", _PEAK_RSS, str(rss_file), *argv],
+                          stdout=subprocess.DEVNULL, check=False)
+    seconds = time.perf_counter() - t
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(argv)} failed (exit {proc.returncode})")
+    return seconds, int(rss_file.read_text()) / 1024
+
+
+def _run(model: str, recipe: str, work: Path, args: argparse.Namespace) -> dict[str, Any]:
+    shapes = ["--max-seq-len", str(args.max_seq_len), "--prefill-len", str(args.prefill_len)]
+    prep, quant, comp, inf = (work / recipe / s
+                              for s in ("prepare", "quantize", "compile", "infer"))
+    row: dict[str, Any] = {"recipe": recipe, "seconds": {}, "peak_rss_mb": {}}
+    steps = [("prepare", ["qnn_prepare.cli", "--model", model, "--kv-cache", *shapes,
+                          "--calibration-samples", "8", "-o", str(prep), "-q"])]
+    source = prep
+    if recipe != "fp32":
+        steps.append(("quantize", ["qnn_quant.cli", str(prep), "--recipe", recipe,
+                                   "-o", str(quant), "-q"]))
+        source = quant
+    steps.append(("compile", ["qnn_compile.cli", str(source), "--recipe", recipe,
+                              "-o", str(comp), "-q"]))
+    steps.append(("infer", ["qnn_infer.cli", str(comp), "--prompt", PROMPT, "--no-stream",
+                            "--max-new-tokens", str(args.new_tokens), "-o", str(inf), "-q"]))
+    for name, argv in steps:
+        seconds, rss = _stage(argv, work)
+        row["seconds"][name], row["peak_rss_mb"][name] = round(seconds, 1), round(rss)
+    metrics = json.loads((inf / "manifest.json").read_text())["metrics"]
+    row["generation"] = {k: metrics["generation"][k] for k in (
+        "ttft_ms", "prefill_tokens_per_s", "decode_tokens_per_s", "new_tokens")}
+    row["argmax_agreement_vs_eager"] = metrics["accuracy"]["vs_fp32"]["argmax_agreement"]
+    row["pte_bytes"] = (comp / "model.pte").stat().st_size
+    row["separate_pte_bytes"] = _separate_size(source, recipe)
+    return row
+
+
+def _separate_size(source: Path, recipe: str) -> int:
+    """Bytes of prefill and decode lowered as two single-method .pte files."""
+    lowering = lowering_for(CompileConfig(recipe=Recipe(recipe)))
+    return sum(
+        len(lower_program(load_program(source / method_program(m)), lowering).pte)
+        for m in ("prefill", "decode")
+    )
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="tiny-llama")
+    p.add_argument("--recipes", nargs="+", default=["fp32", "8a8w"])
+    p.add_argument("--max-seq-len", type=int, default=128)
+    p.add_argument("--prefill-len", type=int, default=32)
+    p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--json", type=Path, help="write the results here")
+    args = p.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        model_dir = save_tiny_decoder(args.model, work / "hf") if args.model.startswith(
+            "tiny-") else Path(args.model)
+        eager = _eager_decode_tokens_per_s(model_dir, args.new_tokens, args.runs)
+        rows = [_run(args.model, r, work, args) for r in args.recipes]
+    result = {
+        "model": args.model, "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+        "date": time.strftime("%Y-%m-%d"), "torch": torch.__version__,
+        "eager_decode_tokens_per_s": round(eager, 1), "rows": rows,
+    }
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"{args.model}, prompt {PROMPT!r}, {args.new_tokens} new tokens, greedy; "
+          f"{result['machine']}, {result['date']}; eager HF decode {eager:.0f} tok/s")
+    print("| recipe | decode tok/s | vs eager | prefill tok/s | TTFT ms | argmax vs eager "
+          "| .pte bytes (2 separate) | stage s (prep/quant/comp/infer) | peak RSS MB |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        g = r["generation"]
+        stages = "/".join(str(r["seconds"].get(s, "-")) for s in
+                          ("prepare", "quantize", "compile", "infer"))
+        rss = "/".join(str(r["peak_rss_mb"].get(s, "-")) for s in
+                       ("prepare", "quantize", "compile", "infer"))
+        print(f"| {r['recipe']} | {g['decode_tokens_per_s']:.0f} | "
+              f"{g['decode_tokens_per_s'] / eager:.1f}x | {g['prefill_tokens_per_s']:.0f} | "
+              f"{g['ttft_ms']:.1f} | {r['argmax_agreement_vs_eager']:.3f} | "
+              f"{r['pte_bytes']:,} ({r['separate_pte_bytes']:,}) | {stages} | {rss} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,83 @@
+"""Atomic file writes: a temp file beside the target, renamed over it once complete.
+
+A reader sees the old file or the complete new one, never a partial write. The temp names follow
+one pattern (`is_temp_name`), so a temp file orphaned by kill -9 is recognised and swept before an
+artifact is sealed instead of being sealed inside it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+# mkstemp's names: prefix + 8 random characters + suffix; ours are ".<stem>.XXXXXXXX.tmp<suffix>".
+_TEMP_NAME = re.compile(r"\..*\.[a-z0-9_]{8}\.tmp(\.[^/]*)?")
+
+
+def is_temp_name(name: str) -> bool:
+    """True for a file name `atomic_path` creates (and would have renamed or deleted)."""
+    return _TEMP_NAME.fullmatch(name) is not None
+
+
+def _umask() -> int:
+    umask = os.umask(0)
+    os.umask(umask)
+    return umask
+
+
+@contextlib.contextmanager
+def atomic_path(path: Path) -> Iterator[Path]:
+    """Yield a temp path beside `path`; on success rename it over `path`, on failure delete it.
+
+    The temp file lives in the same directory so the final `os.replace` is an atomic rename: a
+    reader sees the old file or the complete new one, never a partial write.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # Keep the real suffix last: torch.export.save warns about archives not ending in .pt2.
+    fd, tmp_name = tempfile.mkstemp(
+        prefix=f".{path.stem}.", suffix=f".tmp{path.suffix}", dir=path.parent
+    )
+    os.close(fd)
+    # mkstemp creates 0600; artifacts are shared files, so honour the umask like open() does.
+    os.chmod(tmp_name, 0o666 & ~_umask())
+    tmp = Path(tmp_name)
+    try:
+        yield tmp
+        with open(tmp, "rb+") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write `data` to `path` atomically."""
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(data)
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write `text` (UTF-8) to `path` atomically."""
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_save(path: Path, writer: Callable[[Path], None]) -> None:
+    """Let `writer` write to a temp path, then rename it to `path`.
+
+    The writer sees the temp file's name: a serializer that embeds the file name in its output
+    (torch.save / torch.export.save name the zip's folder after it) makes the bytes depend on a
+    random name; write such files to memory and use `atomic_write_bytes` instead.
+    """
+    with atomic_path(path) as tmp:
+        writer(tmp)
+
+
+def atomic_copy(src: Path, dst: Path) -> None:
+    """Copy a file atomically (for files carried forward from an upstream artifact)."""
+    with atomic_path(dst) as tmp:
+        shutil.copyfile(src, tmp)

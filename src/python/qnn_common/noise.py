@@ -1,0 +1,131 @@
+"""Known-harmless third-party noise, filtered in one place so that what a user reads is ours.
+
+Every CLI calls `quiet_third_party()` (through `cli_support.setup_logging`) unless `-v` is given,
+in which case everything below is shown as it comes. Each entry names the library and what the
+message means, so that a new version's noise is added here (with its reason) and nowhere else:
+
+- torchao logs a WARNING per optional CUDA / CUTLASS kernel library it cannot load on a CPU-only
+  host, and one about triton being absent; we never use those kernels.
+- torch's pytree logs a deprecation WARNING for each Enum torchao registers as a pytree constant.
+- torch / torchao / transformers emit FutureWarning / DeprecationWarning about their own internal
+  APIs (LeafSpec pickling, export internals) on every export and load.
+- transformers draws a "Loading weights" progress bar for each checkpoint it reads.
+- ExecuTorch's runtime (XNNPACK's cpuinfo) prints five `[cpuinfo_utils.cpp:NN]` lines to file
+  descriptor 2 the first time a method loads on a host that is not an ARM phone; see
+  `native_noise_filtered`.
+
+The log and native filters drop only those exact messages: any other log line from the same
+libraries still shows. Warnings are filtered by category and by the library they come from, as
+those libraries raise them by the dozen about their own internals; ours are never filtered.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import sys
+import tempfile
+import warnings
+from collections.abc import Iterator
+
+# (logger name, message regex): records logged by that very logger with a matching message.
+LOG_NOISE: tuple[tuple[str, str], ...] = (
+    ("torchao", r"^Failed to load .*: Could not load this library"),
+    ("torchao", r"^Skipping import of cpp extensions"),
+    ("torchao.kernel.intmm", r"Detected no triton"),
+    ("torch.utils._pytree", r"is an Enum subclass and is now natively supported"),
+)
+
+# (category, module regex) for Python warnings raised from inside these libraries' code.
+WARNING_NOISE: tuple[tuple[type[Warning], str], ...] = (
+    (FutureWarning, r"^(torch|torchao|transformers|executorch)(\.|$)"),
+    (DeprecationWarning, r"^(torch|torchao|transformers|executorch)(\.|$)"),
+)
+# Warnings whose message is known noise whichever module they are attributed to (torch's own
+# pytree pickling warns through the caller's frame, so the module filter above misses it).
+WARNING_MESSAGES: tuple[tuple[type[Warning], str], ...] = ((FutureWarning, r".*LeafSpec.*"),)
+
+# Lines native code writes to fd 2 that carry no information for the user.
+NATIVE_NOISE: tuple[re.Pattern[str], ...] = (re.compile(r"^\[cpuinfo_utils\.cpp:\d+\] "),)
+
+_quiet = False
+
+
+class _DropKnownNoise(logging.Filter):
+    """Drops the records of one logger whose message matches one of `patterns`."""
+
+    def __init__(self, patterns: list[re.Pattern[str]]) -> None:
+        super().__init__()
+        self.patterns = patterns
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not any(p.search(message) for p in self.patterns)
+
+
+def quiet_third_party() -> None:
+    """Install the filters above for this process (idempotent); call it before importing torch.
+
+    The logger filters attach to the loggers the libraries create, by name, so they work even if
+    the library is imported later. Transformers' progress bar is turned off through its
+    documented environment variable unless the user set that variable themselves.
+    """
+    global _quiet
+    if _quiet:
+        return
+    _quiet = True
+    by_logger: dict[str, list[re.Pattern[str]]] = {}
+    for name, pattern in LOG_NOISE:
+        by_logger.setdefault(name, []).append(re.compile(pattern))
+    for name, patterns in by_logger.items():
+        logging.getLogger(name).addFilter(_DropKnownNoise(patterns))
+    for category, module in WARNING_NOISE:
+        warnings.filterwarnings("ignore", category=category, module=module)
+    for category, message in WARNING_MESSAGES:
+        warnings.filterwarnings("ignore", message=message, category=category)
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
+
+def is_quiet() -> bool:
+    """Whether `quiet_third_party` is in force (False with -v, or outside our CLIs)."""
+    return _quiet
+
+
+@contextlib.contextmanager
+def native_noise_filtered() -> Iterator[None]:
+    """Drop the `NATIVE_NOISE` lines native code writes to fd 2 while the block runs.
+
+    Python cannot intercept what C++ writes to the file descriptor, so fd 2 goes to a temporary
+    file for the duration and everything else in it is written through afterwards, in order.
+    Does nothing unless `quiet_third_party` is in force (so library callers and -v see it all),
+    or when there is no real stderr.
+    """
+    if not _quiet:
+        yield
+        return
+    try:
+        stderr_fd = sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):  # no real stderr (embedded, captured)
+        yield
+        return
+    sys.stderr.flush()
+    saved = os.dup(stderr_fd)
+    with tempfile.TemporaryFile() as tmp:
+        os.dup2(tmp.fileno(), stderr_fd)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, stderr_fd)
+            os.close(saved)
+            tmp.seek(0)
+            kept = [
+                line
+                for line in tmp.read().decode("utf-8", "replace").splitlines(keepends=True)
+                if not any(p.search(line) for p in NATIVE_NOISE)
+            ]
+            if kept:
+                sys.stderr.write("".join(kept))
+                sys.stderr.flush()

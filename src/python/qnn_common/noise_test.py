@@ -1,0 +1,67 @@
+"""The third-party noise filter: known messages dropped, anything else kept, nothing with -v."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import warnings
+
+import pytest
+
+from qnn_common import noise
+
+
+@pytest.fixture
+def quiet(monkeypatch: pytest.MonkeyPatch) -> None:
+    """quiet_third_party() for one test: its module state and environment are put back after."""
+    monkeypatch.setattr(noise, "_quiet", False)
+    monkeypatch.setenv("HF_HUB_DISABLE_PROGRESS_BARS", "0")  # the user's own choice is kept
+    noise.quiet_third_party()
+
+
+def test_known_log_noise_is_dropped_and_the_rest_kept(
+    quiet: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.DEBUG):
+        logging.getLogger("torchao").warning(
+            "Failed to load /x/_C_mxfp8.so: Could not load this library: /x/_C_mxfp8.so"
+        )
+        logging.getLogger("torchao.kernel.intmm").warning("Warning: Detected no triton, ...")
+        logging.getLogger("torch.utils._pytree").warning(
+            "<enum 'K'> is an Enum subclass and is now natively supported by torch.compile"
+        )
+        logging.getLogger("torchao").warning("a real problem")
+    assert [r.getMessage() for r in caplog.records] == ["a real problem"]
+    assert os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] == "0"
+
+
+def test_library_warnings_are_dropped_ours_kept(quiet: None) -> None:
+    with warnings.catch_warnings(record=True) as caught:
+        noise.quiet_third_party()  # idempotent; the filters are already in place
+        warnings.warn_explicit("internal", FutureWarning, "x.py", 1, module="torch.export")
+        warnings.warn_explicit(
+            "`isinstance(treespec, LeafSpec)` is deprecated",
+            FutureWarning,
+            "copyreg.py",
+            105,
+            module="copyreg",
+        )
+        warnings.warn_explicit("ours", FutureWarning, "y.py", 1, module="qnn_quant.api")
+    assert [str(w.message) for w in caught] == ["ours"]
+
+
+def test_native_noise_filtered(quiet: None, capfd: pytest.CaptureFixture[str]) -> None:
+    with noise.native_noise_filtered():
+        os.write(sys.stderr.fileno(), b"[cpuinfo_utils.cpp:71] Reading file /sys/x\n")
+        os.write(sys.stderr.fileno(), b"E 00:00:01 executorch: a real error\n")
+    assert capfd.readouterr().err == "E 00:00:01 executorch: a real error\n"
+
+
+def test_nothing_is_filtered_without_quiet(
+    monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(noise, "_quiet", False)  # what -v leaves in place
+    with noise.native_noise_filtered():
+        os.write(sys.stderr.fileno(), b"[cpuinfo_utils.cpp:71] Reading file /sys/x\n")
+    assert "cpuinfo" in capfd.readouterr().err

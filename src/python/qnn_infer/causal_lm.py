@@ -1,0 +1,104 @@
+"""Infer for a causal-LM .pte: teacher-forced logits against the references, then generation.
+
+The eval texts travel with the artifact (token sequences) together with the eager HF model's
+logits on them (fp32) and the fake-quantized program's: feeding each text through the .pte gives
+logits at every position, compared with `qnn_common.metrics.logits_accuracy` (SQNR, cosine and
+argmax agreement). Then the program generates from the prompt, timed.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from qnn_common.errors import ArtifactError
+from qnn_common.llm import GenerationConfig, LlmSpec, teacher_forced_logits
+from qnn_common.metrics import logits_accuracy
+from qnn_common.stages import EVAL_INPUTS, REFERENCE_FAKE_QUANT, REFERENCE_FP32, TOKENIZER_DIR
+from qnn_common.tensorio import load_samples
+from qnn_infer.generate import Generation, PteLm, generate
+
+log = logging.getLogger(__name__)
+
+
+def load_tokenizer(artifact: Path) -> Any | None:
+    """The artifact's tokenizer (from its tokenizer/ files), or None if it carries none."""
+    directory = artifact / TOKENIZER_DIR
+    if not (directory / "tokenizer.json").is_file() and not (
+        directory / "tokenizer.model"
+    ).is_file():
+        return None
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
+    except (OSError, ValueError) as err:
+        raise ArtifactError(directory, f"cannot load the tokenizer ({err})") from err
+
+
+def prompt_ids(tokenizer: Any | None, cfg: GenerationConfig, spec: LlmSpec) -> list[int]:
+    """The prompt's token ids (through the chat template with `cfg.chat`)."""
+    if tokenizer is None:
+        return [b % spec.vocab_size for b in cfg.prompt.encode("utf-8")]
+    if cfg.chat:
+        if not getattr(tokenizer, "chat_template", None):
+            raise ArtifactError(
+                Path(TOKENIZER_DIR), "the tokenizer has no chat template; drop --chat"
+            )
+        ids = tokenizer.apply_chat_template(
+            [{"role": "user", "content": cfg.prompt}], add_generation_prompt=True, tokenize=True,
+            return_dict=False,
+        )
+        if isinstance(ids, Mapping):  # a BatchEncoding, from versions that ignore return_dict
+            ids = ids["input_ids"]
+        return [int(i) for i in ids]
+    return [int(i) for i in tokenizer(cfg.prompt, add_special_tokens=False)["input_ids"]]
+
+
+def teacher_forced_accuracy(
+    lm: PteLm, artifact: Path, spec: LlmSpec, have: set[str]
+) -> dict[str, Any]:
+    """logits_accuracy of the .pte vs fp32 (eager HF) and vs fake quant, where carried."""
+    if EVAL_INPUTS not in have:
+        return {}
+    texts = [s[0] for s in load_samples(artifact / EVAL_INPUTS)]
+    logits = teacher_forced_logits(lm.prefill, lm.decode, texts, spec)
+    accuracy: dict[str, Any] = {}
+    for key, name in (("vs_fp32", REFERENCE_FP32), ("vs_fake_quant", REFERENCE_FAKE_QUANT)):
+        if name in have:
+            reference = [s[0] for s in load_samples(artifact / name)]
+            accuracy[key] = logits_accuracy(
+                [r.numpy() for r in reference], [x.numpy() for x in logits]
+            )
+    return accuracy
+
+
+def run_generation(
+    lm: PteLm, artifact: Path, spec: LlmSpec, cfg: GenerationConfig
+) -> Generation:
+    """Tokenize the prompt, generate, and decode the new tokens to text."""
+    tokenizer = load_tokenizer(artifact)
+    ids = prompt_ids(tokenizer, cfg, spec)
+
+    def decode_text(tokens: list[int]) -> str:
+        if tokenizer is None:
+            return bytes(t % 256 for t in tokens).decode("utf-8", errors="replace")
+        text: str = tokenizer.decode(tokens, skip_special_tokens=True)
+        return text
+
+    result = generate(lm.prefill, lm.decode, ids, cfg, spec, decode_text)
+    log.info(
+        "generated %d token(s): ttft %.1f ms, prefill %.1f tok/s, decode %.1f tok/s",
+        len(result.tokens), result.ttft_ms, result.prefill_tokens_per_s,
+        result.decode_tokens_per_s,
+    )
+    return result
+
+
+def generation_latency(generation: Generation) -> dict[str, float]:
+    """Latency figures of a causal LM for the manifest: per decoded token, and to first token."""
+    per_token = 1000 / generation.decode_tokens_per_s if generation.decode_tokens_per_s else 0.0
+    return {"ttft": round(generation.ttft_ms, 3), "decode_per_token": round(per_token, 3)}
+

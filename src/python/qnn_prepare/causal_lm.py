@@ -1,0 +1,312 @@
+"""The causal-LM task: a decoder exported as ``prefill`` + ``decode`` over a static KV cache.
+
+The cache is transformers' own ExecuTorch integration (`TorchExportableModuleWithStaticCache`:
+a `StaticCache` registered as buffers, written in place), so the program carries its state and
+the host only feeds tokens and positions (see `qnn_common.llm`). Both methods come from one
+module, so their weights and cache buffers have the same names; compile lowers them into one
+.pte in which the cache is shared (`share_mutable_buffers`).
+
+Sources: a local Hugging Face directory of any decoder transformers' Auto classes know, or the
+built-ins `tiny-llama` and `tiny-qwen` (seeded random weights, a byte-level tokenizer).
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import json
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from qnn_common.errors import ArtifactError, ConfigValidationError
+from qnn_common.llm import DECODE, PREFILL, LlmSpec, check_fits
+
+# Context length when neither the user nor a small model's config asks for less.
+DEFAULT_MAX_SEQ_LEN = 512
+DEFAULT_PREFILL_LEN = 32
+
+TINY_CONTEXT = 128  # max_position_embeddings of the built-in tiny decoders
+TINY_DECODERS: dict[str, str] = {
+    "tiny-llama": "Llama decoder (2 layers, hidden 64, byte vocab), seeded random weights",
+    "tiny-qwen": "Qwen2 decoder (2 layers, hidden 64, byte vocab), seeded random weights",
+}
+
+# Files that define the tokenizer and chat template, copied into the artifact.
+TOKENIZER_FILES = (
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+    "vocab.json", "merges.txt", "tokenizer.model", "chat_template.jinja",
+    "generation_config.json", "config.json",
+)
+
+_EOS = "<|endoftext|>"
+
+
+@dataclass(frozen=True)
+class CausalLm:
+    """A loaded decoder: the HF model (eval), its tokenizer and files, and the export shapes."""
+
+    name: str
+    hf: nn.Module
+    tokenizer: Any | None
+    spec: LlmSpec
+    tokenizer_files: dict[str, bytes] = field(default_factory=dict)
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of `text` (no special tokens added); bytes mod vocab without a tokenizer."""
+        if self.tokenizer is None:
+            return [b % self.spec.vocab_size for b in text.encode("utf-8")]
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def byte_tokenizer() -> Any:
+    """A byte-level BPE tokenizer without merges: 256 byte tokens plus an end-of-text token.
+
+    Written as tokenizer.json and loaded by transformers, which keeps the `tokenizers` package
+    (a dependency of transformers, not of this project) out of our imports.
+    """
+    from transformers import PreTrainedTokenizerFast
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    vocab = {char: byte for byte, char in bytes_to_unicode().items()}
+    vocab[_EOS] = 256
+    spec: dict[str, Any] = {
+        "version": "1.0", "truncation": None, "padding": None, "normalizer": None,
+        "post_processor": None,
+        "added_tokens": [{"id": 256, "content": _EOS, "single_word": False, "lstrip": False,
+                          "rstrip": False, "normalized": False, "special": True}],
+        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
+                          "use_regex": False},
+        "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True,
+                    "use_regex": True},
+        "model": {"type": "BPE", "dropout": None, "unk_token": None,
+                  "continuing_subword_prefix": None, "end_of_word_suffix": None,
+                  "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
+                  "vocab": vocab, "merges": []},
+    }
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "tokenizer.json"
+        path.write_text(json.dumps(spec), encoding="utf-8")
+        return PreTrainedTokenizerFast(tokenizer_file=str(path), eos_token=_EOS, pad_token=_EOS)
+
+
+def save_tiny_decoder(name: str, directory: Path, seed: int = 1126) -> Path:
+    """Write a built-in tiny decoder (seeded weights + byte tokenizer) as a HF directory."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    shape = dict(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=257, max_position_embeddings=TINY_CONTEXT,
+        eos_token_id=256, pad_token_id=256,
+    )
+    builders: dict[str, Callable[[], nn.Module]] = {
+        "tiny-llama": lambda: LlamaForCausalLM(LlamaConfig(**shape)),
+        "tiny-qwen": lambda: Qwen2ForCausalLM(Qwen2Config(**shape)),
+    }
+    if name not in builders:
+        raise ConfigValidationError(
+            "model", name, "not a built-in decoder", allowed=tuple(builders)
+        )
+    torch.manual_seed(seed)
+    model = builders[name]()
+    model.save_pretrained(directory)  # type: ignore[operator]  # PreTrainedModel method
+    byte_tokenizer().save_pretrained(directory)
+    return directory
+
+
+def is_causal_lm_dir(path: Path) -> bool:
+    """Whether `path` is a HF directory whose architecture is a ``*ForCausalLM``."""
+    config = path / "config.json"
+    if not config.is_file():
+        return False
+    try:
+        archs = json.loads(config.read_text(encoding="utf-8")).get("architectures") or []
+    except (OSError, ValueError):
+        return False
+    return any(str(a).endswith("ForCausalLM") for a in archs)
+
+
+def load_causal_lm(
+    spec: str, *, max_seq_len: int | None = None, prefill_len: int | None = None, seed: int = 1126
+) -> CausalLm:
+    """Load a built-in tiny decoder or a local HF causal-LM directory for KV-cache export."""
+    spec = spec.strip()
+    if spec in TINY_DECODERS:
+        with tempfile.TemporaryDirectory() as tmp:
+            directory = save_tiny_decoder(spec, Path(tmp) / spec, seed=seed)
+            return _load_dir(directory, spec, max_seq_len, prefill_len)
+    path = Path(spec).expanduser()
+    if not path.is_dir():
+        raise ArtifactError(path, "not a directory; pass a local Hugging Face causal-LM directory")
+    if not is_causal_lm_dir(path):
+        raise ConfigValidationError(
+            "model", spec,
+            "a KV-cache export needs a causal LM (config.json architectures ending in "
+            "ForCausalLM); drop --prompt / kv_cache for other models",
+        )
+    return _load_dir(path, path.name, max_seq_len, prefill_len)
+
+
+def _load_dir(
+    directory: Path, name: str, max_seq_len: int | None, prefill_len: int | None
+) -> CausalLm:
+    from transformers import AutoModelForCausalLM
+
+    try:
+        hf = AutoModelForCausalLM.from_pretrained(str(directory), local_files_only=True)
+    except (OSError, ValueError) as err:
+        raise ArtifactError(directory, f"cannot load the causal LM ({err})") from err
+    config = hf.config.get_text_config()
+    max_len, chunk = _shapes(config, max_seq_len, prefill_len)
+    tokenizer = _tokenizer(directory)
+    stop = _stop_tokens(hf, tokenizer)
+    pad = getattr(tokenizer, "pad_token_id", None) if tokenizer is not None else None
+    vocab = int(config.vocab_size)
+    if pad is None and stop:
+        pad = stop[0]
+    if not isinstance(pad, int) or not 0 <= pad < vocab:
+        # Configs of small test models keep their parent's ids (Phi-3: eos 32000 in a vocab of
+        # 128); padding is masked anyway, it only has to be a valid embedding row.
+        pad = 0
+    spec = LlmSpec(
+        max_seq_len=max_len,
+        prefill_len=chunk,
+        vocab_size=vocab,
+        stop_token_ids=stop,
+        pad_token_id=pad,
+    )
+    files = {f: (directory / f).read_bytes() for f in TOKENIZER_FILES if (directory / f).is_file()}
+    return CausalLm(name, hf.eval(), tokenizer, spec, files)
+
+
+def _shapes(config: Any, max_seq_len: int | None, prefill_len: int | None) -> tuple[int, int]:
+    """(max_seq_len, prefill_len) for `config`: the defaults, checked against its positions."""
+    limit = int(getattr(config, "max_position_embeddings", DEFAULT_MAX_SEQ_LEN))
+    max_len = max_seq_len if max_seq_len is not None else min(DEFAULT_MAX_SEQ_LEN, limit)
+    if max_len > limit:
+        raise ConfigValidationError(
+            "prepare.max_seq_len", max_len,
+            f"exceeds the model's max_position_embeddings ({limit}); use at most {limit}",
+        )
+    chunk = prefill_len if prefill_len is not None else min(DEFAULT_PREFILL_LEN, max_len // 2)
+    return max_len, chunk
+
+
+def _tokenizer(directory: Path) -> Any | None:
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
+    except (OSError, ValueError, TypeError):
+        return None  # random-weight test models often ship none: token ids are bytes then
+
+
+def check_prompt_fits(
+    spec: str, *, max_seq_len: int | None, prefill_len: int | None, prompt: str,
+    max_new_tokens: int,
+) -> None:
+    """Refuse a prompt + generation longer than the context before any export (reads only the
+    config and the tokenizer; a chat template adds tokens, checked again at infer)."""
+    spec = spec.strip()
+    if spec in TINY_DECODERS:
+        from transformers import PretrainedConfig
+
+        config: Any = PretrainedConfig(max_position_embeddings=TINY_CONTEXT)
+        tokenizer = byte_tokenizer()
+    else:
+        from transformers import AutoConfig
+
+        directory = Path(spec).expanduser()
+        if not is_causal_lm_dir(directory):
+            return  # load_causal_lm says what is wrong with it
+        config = AutoConfig.from_pretrained(str(directory), local_files_only=True)
+        config = config.get_text_config()
+        tokenizer = _tokenizer(directory)
+    max_len, chunk = _shapes(config, max_seq_len, prefill_len)
+    if tokenizer is None:
+        count = len(prompt.encode("utf-8"))
+    else:
+        count = len(tokenizer(prompt, add_special_tokens=False)["input_ids"])
+    check_fits(count, max_new_tokens, LlmSpec(max_len, chunk, vocab_size=1))
+
+
+def _stop_tokens(hf: nn.Module, tokenizer: Any | None) -> tuple[int, ...]:
+    ids: list[int] = []
+    generation = getattr(hf, "generation_config", None)
+    for source in (generation, getattr(hf, "config", None), tokenizer):
+        value = getattr(source, "eos_token_id", None) if source is not None else None
+        for token in value if isinstance(value, list | tuple) else [value]:
+            if isinstance(token, int) and token not in ids:
+                ids.append(token)
+    return tuple(ids)
+
+
+class StaticCacheLm(nn.Module):
+    """`(input_ids [1, n], cache_position [n]) -> logits [1, n, vocab]` over a static KV cache.
+
+    Wraps transformers' `TorchExportableModuleWithStaticCache`, and rebinds its cache layers to
+    the registered buffers on every call: the layers hold the original tensors, which non-strict
+    torch.export sees as constants, so their in-place updates would not become buffer mutations
+    (export then fails in run_decompositions). Through the module attributes they do.
+    """
+
+    def __init__(self, hf: nn.Module, max_seq_len: int) -> None:
+        super().__init__()
+        from transformers.integrations.executorch import TorchExportableModuleWithStaticCache
+
+        generation: Any = hf.generation_config  # a PreTrainedModel's GenerationConfig
+        generation.use_cache = True
+        generation.cache_implementation = "static"
+        self.inner = TorchExportableModuleWithStaticCache(
+            hf, batch_size=1, max_cache_len=max_seq_len
+        )
+
+    def forward(self, input_ids: torch.Tensor, cache_position: torch.Tensor) -> torch.Tensor:
+        inner = self.inner
+        for i, layer in enumerate(inner.static_cache.layers):
+            layer.keys = getattr(inner, f"key_cache_{i}")
+            layer.values = getattr(inner, f"value_cache_{i}")
+            layer.cumulative_length = getattr(inner, f"cumulative_length_{i}")
+        logits: torch.Tensor = inner(input_ids=input_ids, cache_position=cache_position)
+        return logits
+
+
+def export_methods(lm: CausalLm) -> dict[str, torch.export.ExportedProgram]:
+    """torch.export ``prefill`` (prefill_len tokens) and ``decode`` (1 token) of one module."""
+    module = StaticCacheLm(lm.hf, lm.spec.max_seq_len).eval()
+    n = lm.spec.prefill_len
+    shapes = {PREFILL: n, DECODE: 1}
+    out = {}
+    with torch.no_grad():
+        for method, length in shapes.items():
+            kwargs = {
+                "input_ids": torch.zeros(1, length, dtype=torch.int64),
+                "cache_position": torch.arange(length, dtype=torch.int64),
+            }
+            out[method] = torch.export.export(module, (), kwargs, strict=False)
+    return out
+
+
+def eager_logits(lm: CausalLm, sequences: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The HF model's own logits [len, vocab] over each full sequence, no cache: the reference."""
+    with torch.no_grad():
+        return [lm.hf(input_ids=s[None], use_cache=False).logits[0].float() for s in sequences]
+
+
+def text_sequences(lm: CausalLm, count: int, length: int, offset: int = 0) -> list[torch.Tensor]:
+    """`count` token windows of `length` from the shipped public-domain text (Alice's
+    Adventures in Wonderland, ch. 1), starting `offset` windows in; wraps around the text."""
+    text = importlib.resources.files("qnn_prepare").joinpath("data/calibration_text.txt")
+    ids = lm.encode(text.read_text(encoding="utf-8"))
+    if len(ids) < length:
+        raise ArtifactError(Path(str(text)), f"tokenizes to {len(ids)} tokens, need {length}")
+    stride = max(1, length // 2)
+    out = []
+    for i in range(offset, offset + count):
+        start = (i * stride) % (len(ids) - length + 1)
+        out.append(torch.tensor(ids[start : start + length], dtype=torch.int64))
+    return out

@@ -1,0 +1,160 @@
+"""A causal LM whose KV cache lives outside the program: inputs in, new entries out.
+
+For backends without mutable buffers (QNN HTP): each method takes the past cache as inputs and
+returns only the keys and values of its own tokens; the host keeps the cache and writes them
+back (`qnn_common.llm.KvIoCache`). The rotary position embedding (cos / sin, from a table the
+model computes once at export) and the attention mask are inputs too, computed on the host:
+transformers' mask building (arange / index / vmap) does not lower to QNN while an additive 4-D
+mask is a plain add, and positions as integers would need an int -> float cast in the graph,
+which QNN's quantized lowering mishandles (qnn_quant.quantizers.qnn); cos / sin in [-1, 1]
+quantize well. The past of a method holding n tokens is
+``max_seq_len - n`` slots, so both methods read the same host cache, each a prefix of it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+from qnn_common.errors import ConfigValidationError
+from qnn_common.llm import DECODE, PREFILL, KvIoCache, KvLayout
+from qnn_prepare.causal_lm import CausalLm
+
+
+class _IoCache:
+    """The cache transformers' attention layers see: past entries from the inputs, the new ones
+    recorded for the outputs. Duck-typed: with a 4-D mask, mask building never queries it."""
+
+    def __init__(self, past: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        self.past = past
+        self.new: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.is_compileable = False
+
+    def update(
+        self, keys: torch.Tensor, values: torch.Tensor, layer_idx: int, *_: Any, **__: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        self.new.append((keys, values))
+        past_k, past_v = self.past[layer_idx]
+        return torch.cat([past_k, keys], dim=2), torch.cat([past_v, values], dim=2)
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return int(self.past[layer_idx][0].shape[2])
+
+
+class _GivenRope(nn.Module):
+    """Stands in for a model's rotary embedding: returns the (cos, sin) the wrapper was given."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.value: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        assert self.value is not None, "KvIoLm sets the rotary embedding before each call"
+        return self.value
+
+
+class KvIoLm(nn.Module):
+    """(input_ids, cos, sin, mask, k_0, v_0, k_1, ...) -> (logits, new_k_0, new_v_0, ...)."""
+
+    def __init__(self, hf: nn.Module, layout: KvLayout) -> None:
+        super().__init__()
+        self.hf = hf
+        self.layout = layout
+        self.rope = _GivenRope()
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        attention_mask: torch.Tensor,
+        *cache: torch.Tensor,
+    ) -> tuple[torch.Tensor, ...]:
+        past = [(cache[2 * i], cache[2 * i + 1]) for i in range(self.layout.layers)]
+        io = _IoCache(past)
+        self.rope.value = (cos, sin)
+        n = input_ids.shape[1]
+        with _rotary_replaced(self.hf, self.rope):
+            logits: torch.Tensor = self.hf(
+                input_ids=input_ids, attention_mask=attention_mask, past_key_values=io,
+                # Unused (the rotary embedding is given); keeps the model off its cache lookup.
+                position_ids=torch.zeros(1, n, dtype=torch.int64), use_cache=True,
+            ).logits
+        return (logits, *(t for kv in io.new for t in kv))
+
+
+def _rotary_owner(hf: nn.Module) -> nn.Module:
+    """The module holding the model's `rotary_emb` (one per model in transformers' decoders)."""
+    owners: list[nn.Module] = [
+        m for _, m in hf.named_modules() if isinstance(getattr(m, "rotary_emb", None), nn.Module)
+    ]
+    if len(owners) != 1:
+        raise ConfigValidationError(
+            "prepare.kv_io", type(hf).__name__,
+            "the KV-as-inputs export needs a decoder with one rotary position embedding "
+            f"(found {len(owners)}); export for a backend with mutable buffers (xnnpack) instead",
+        )
+    return owners[0]
+
+
+@contextlib.contextmanager
+def _rotary_replaced(hf: nn.Module, rope: nn.Module) -> Iterator[None]:
+    owner = _rotary_owner(hf)
+    original = owner.rotary_emb
+    owner.rotary_emb = rope
+    try:
+        yield
+    finally:
+        owner.rotary_emb = original
+
+
+def rope_table(lm: CausalLm) -> tuple[torch.Tensor, torch.Tensor]:
+    """The model's own (cos, sin) for every position of the context: [1, max_seq_len, dim]."""
+    rotary = _rotary_owner(lm.hf).get_submodule("rotary_emb")
+    positions = torch.arange(lm.spec.max_seq_len)[None]
+    with torch.no_grad():
+        cos, sin = rotary(torch.zeros(1, dtype=torch.float32), position_ids=positions)
+    return cos.float().contiguous(), sin.float().contiguous()
+
+
+def kv_layout(lm: CausalLm) -> KvLayout:
+    """Layers, KV heads and head size of `lm`, read from its config."""
+    config = lm.hf.config.get_text_config()  # type: ignore[union-attr, operator]
+    heads = int(config.num_attention_heads)
+    head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
+    return KvLayout(
+        layers=int(config.num_hidden_layers),
+        kv_heads=int(getattr(config, "num_key_value_heads", None) or heads),
+        head_dim=head_dim,
+    )
+
+
+def example_inputs(
+    lm: CausalLm, layout: KvLayout, rope: tuple[torch.Tensor, torch.Tensor], n: int
+) -> tuple[torch.Tensor, ...]:
+    """Inputs of the method that takes `n` tokens (an empty past, positions 0..n-1)."""
+    cache = KvIoCache(lm.spec, layout, rope)
+    return cache.inputs(torch.zeros(1, n, dtype=torch.int64), torch.arange(n), n)
+
+
+def export_kv_io_methods(
+    lm: CausalLm,
+) -> tuple[dict[str, torch.export.ExportedProgram], tuple[torch.Tensor, torch.Tensor]]:
+    """torch.export prefill and decode of the KV-as-IO wrapper (eager attention), and the
+    rotary table the host feeds them from."""
+    layout = kv_layout(lm)
+    rope = rope_table(lm)
+    # Eager attention: the SDPA path exports a "safe softmax" (any / where) QNN cannot lower.
+    lm.hf.config._attn_implementation = "eager"  # type: ignore[union-attr]
+    module = KvIoLm(lm.hf, layout).eval()
+    out = {}
+    with torch.no_grad():
+        for method, n in ((PREFILL, lm.spec.prefill_len), (DECODE, 1)):
+            out[method] = torch.export.export(
+                module, example_inputs(lm, layout, rope, n), strict=False
+            )
+    return out, rope

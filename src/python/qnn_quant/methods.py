@@ -1,0 +1,137 @@
+"""Quantizing a program with several methods: a causal LM's prefill and decode, one set of scales.
+
+Both methods are prepared with the same quantizer. Calibration runs text through them the way
+the runtime will (`qnn_common.llm.feed`: chunks through prefill, a short tail through decode),
+then every observer of decode takes the statistics of its counterpart in prefill: the two graphs
+hold the same ops in the same order, and prefill has seen every position decode will see. The
+methods then quantize with identical scales and zero points, so they agree on every shared tensor
+(the KV cache written by one and read by the other) and their quantized weights are the same
+bytes, which the .pte stores once.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from torch.export import ExportedProgram
+from tqdm import tqdm
+
+from qnn_common.config import DEFAULT_LPBQ_BLOCK
+from qnn_common.errors import StageError
+from qnn_common.llm import DECODE, PREFILL, LlmSpec, MethodRunner, feed, method_steps
+from qnn_common.recipes import Recipe
+from qnn_common.target import Target
+from qnn_quant.pt2e import convert_program, module_path, prepare_program
+
+_STAGE = "quantize"
+
+
+def module_runner(modules: Mapping[str, torch.nn.Module], spec: LlmSpec) -> MethodRunner:
+    """Run the methods' exported modules (as `ExportedProgram.module()` gives them) the way the
+    .pte runs: a KV-as-IO program positionally, a static-cache one by keyword."""
+
+    def run(method: str, inputs: Sequence[torch.Tensor]) -> Sequence[torch.Tensor]:
+        module = modules[method]
+        with torch.no_grad():
+            if spec.kv_layout is None:
+                return [module(input_ids=inputs[0], cache_position=inputs[1])]
+            return list(module(*inputs))
+
+    return run
+
+
+def quantize_causal_lm(
+    programs: Mapping[str, ExportedProgram],
+    *,
+    target: Target,
+    recipe: Recipe,
+    spec: LlmSpec,
+    calibration: Sequence[torch.Tensor],
+    per_channel: bool = True,
+    block_size: int = DEFAULT_LPBQ_BLOCK,
+    keep_float: Sequence[str] | None = None,
+    progress: bool = True,
+    rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> dict[str, ExportedProgram]:
+    """Quantize prefill and decode with shared scales, calibrating on token sequences (`rope`:
+    the rotary table of a program whose cache is its inputs and outputs)."""
+    missing = {PREFILL, DECODE} - set(programs)
+    if missing:
+        raise StageError(
+            _STAGE, f"a causal LM needs methods {PREFILL} and {DECODE}; missing {missing}"
+        )
+    prepared = {
+        method: prepare_program(
+            ep, target=target, recipe=recipe, per_channel=per_channel, block_size=block_size,
+            keep_float=keep_float,
+        )
+        for method, ep in programs.items()
+    }
+    prefill, decode = method_steps(spec, module_runner(prepared, spec), rope)
+    for sequence in tqdm(calibration, desc="calibrate", unit="text", disable=not progress):
+        feed(prefill, decode, sequence.tolist(), 0, spec)
+        _reset_cache(prepared[PREFILL])
+        _reset_cache(prepared[DECODE])
+    share_observers(prepared[PREFILL], prepared[DECODE])
+    return {
+        method: convert_program(programs[method], prepared[method], target=target, recipe=recipe)
+        for method in programs
+    }
+
+
+def _observers(gm: torch.fx.GraphModule) -> dict[tuple[str, ...], tuple[str, Any]]:
+    """Observers keyed by what they observe, the same way in every method: a graph input by
+    name, an op by (module path, target, how many such ops came before it), and an observer of
+    an observer by its source's key plus a marker."""
+    keys: dict[torch.fx.Node, tuple[str, ...]] = {}
+    out: dict[tuple[str, ...], tuple[str, Any]] = {}
+    seen: collections.Counter[tuple[str, str]] = collections.Counter()
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            keys[node] = ("input", node.name)
+        elif node.op == "call_function":
+            what = (module_path(node) or "", str(node.target))
+            keys[node] = (*what, str(seen[what]))
+            seen[what] += 1
+        elif node.op == "call_module":
+            source = node.args[0] if node.args else None
+            key = (*keys.get(source, ("?", str(source))), "observer") if isinstance(
+                source, torch.fx.Node) else ("?", node.name)
+            keys[node] = key
+            observer = gm.get_submodule(str(node.target))
+            if hasattr(observer, "calculate_qparams"):
+                out[key] = (str(node.target), observer)
+    return out
+
+
+def share_observers(source: torch.fx.GraphModule, dest: torch.fx.GraphModule) -> int:
+    """Copy every observer's statistics from `source` (prefill) to its counterpart in `dest`.
+
+    Observers match by the op they observe: its module path, its target and how many such ops
+    came before it. The methods may differ by a few layout ops (a transpose that is a no-op for
+    one token); every observer of `dest` must have a counterpart of the same type, or this
+    refuses. Returns the number copied.
+    """
+    src, dst = _observers(source), _observers(dest)
+    for key, (name, observer) in dst.items():
+        match = src.get(key)
+        if match is None or type(match[1]) is not type(observer):
+            raise StageError(
+                _STAGE,
+                f"observer {name} ({type(observer).__name__} of {'/'.join(key)}) has no "
+                "counterpart in prefill: the methods "
+                "are not one program at two shapes, so they cannot share quantization scales",
+            )
+        observer.load_state_dict(match[1].state_dict())
+    return len(dst)
+
+
+def _reset_cache(gm: torch.fx.GraphModule) -> None:
+    """Zero the KV-cache buffers so each calibration text starts from an empty cache."""
+    with torch.no_grad():
+        for name, buffer in gm.named_buffers():
+            if "cache" in name and buffer.is_floating_point():
+                buffer.zero_()

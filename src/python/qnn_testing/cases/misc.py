@@ -1,0 +1,183 @@
+"""Attention, recurrent cells, ops that update an input in place, and type conversions."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as fn
+from torch import nn
+
+from qnn_common.errors import StageError
+from qnn_testing.cases.base import (
+    OpCase,
+    concat,
+    fn_case,
+    lin_case,
+    mod_case,
+    on_host_at,
+    randn,
+)
+from qnn_testing.expect import Raises, Rule, XFail
+from qnn_testing.structure import Delegation, Structure
+
+F = "misc"
+
+
+class _Sdpa(nn.Module):
+    def __init__(self, causal: bool = False, masked: bool = False) -> None:
+        super().__init__()
+        self.qkv = nn.Linear(16, 48)
+        self.causal, self.masked = causal, masked
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = (t.reshape(2, 8, 2, 8).transpose(1, 2) for t in self.qkv(x).chunk(3, -1))
+        mask = None
+        if self.masked:
+            mask = torch.ones(8, 8).tril() - 1.0  # additive: 0 kept, -1 ... dampened
+            mask = mask * 1e4
+        return fn.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=self.causal)
+
+
+class _Mha(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.mha = nn.MultiheadAttention(16, 2, batch_first=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.mha(x, x, x, need_weights=False)[0]
+        return out
+
+
+class _Cell(nn.Module):
+    def __init__(self, kind: str) -> None:
+        super().__init__()
+        self.kind = kind
+        self.cell: nn.Module = nn.LSTMCell(16, 16) if kind == "lstm" else nn.GRUCell(16, 16)
+
+    def forward(self, x: torch.Tensor, h: torch.Tensor, c: torch.Tensor) -> object:
+        if self.kind == "lstm":
+            return self.cell(x, (h, c))
+        return self.cell(x, h)
+
+
+class _Rnn(nn.Module):
+    def __init__(self, kind: str) -> None:
+        super().__init__()
+        self.rnn: nn.Module = (nn.LSTM if kind == "lstm" else nn.GRU)(16, 16, batch_first=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.rnn(x)[0]
+        return out
+
+
+class _InPlace(nn.Module):
+    """Updates its input in place (the runtime returns the updated input too) and returns y."""
+
+    def __init__(self, op: str) -> None:
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+        self.op = op
+
+    def forward(self, x: torch.Tensor, buf: torch.Tensor) -> torch.Tensor:
+        y: torch.Tensor = self.fc(x)
+        if self.op == "add_":
+            buf.add_(y)
+        elif self.op == "copy_":
+            buf.copy_(y * 2.0)
+        else:
+            buf[:, :4] = y[:, :4]
+        return y + 1.0
+
+
+# Measured on the V75 emulator: with LPBQ weights the attention output is 1.8 dB vs fake quant
+# (cosine 0.5), while 16a4w (per-channel 4-bit) reaches 50 dB. Unknown whether QNN's block
+# dequantization or the emulator; not yet reduced to a single op.
+SDPA_LPBQ = Rule(
+    "qnn-v75",
+    "16a4w_block",
+    outcome=XFail(
+        "LPBQ attention is wrong on the V75 emulator (1.8 dB vs fake quant; 16a4w: 50 dB)"
+    ),
+)
+
+# The cast stays on the portable kernels; XNNPACK takes the float multiply after it (measured).
+INT_TO_FLOAT_XNNPACK = Rule(
+    "xnnpack",
+    structure=Structure(
+        Delegation.PARTIAL,
+        outside=frozenset({"dim_order_ops._to_dim_order_copy.default"}),
+        qdq=False,
+    ),
+)
+# Measured: at fp32, to_executorch fails on a program that writes its input ("a leaf Variable
+# that requires grad is being used in an in-place operation"); the 8a8w program, re-exported
+# after PT2E, serializes and matches. Same on XNNPACK and portable.
+INPLACE_FP32 = on_host_at(
+    "fp32",
+    Raises(
+        StageError,
+        "fp32 serialization of an in-place input update fails in to_executorch",
+        match="leaf Variable that requires grad",
+    ),
+)
+
+seq = randn((2, 8, 16))
+state = randn((4, 16), (4, 16), (4, 16))
+
+CASES: tuple[OpCase, ...] = (
+    mod_case("sdpa", F, _Sdpa, seq, linear=True, qnn=True, rules=(SDPA_LPBQ,)),
+    mod_case("sdpa_causal", F, lambda: _Sdpa(causal=True), seq, linear=True),
+    mod_case("sdpa_additive_mask", F, lambda: _Sdpa(masked=True), seq, linear=True),
+    mod_case("multihead_attention", F, _Mha, seq, linear=True),
+    mod_case(
+        "lstm_cell",
+        F,
+        lambda: _Cell("lstm"),
+        state,
+        linear=True,
+        host_unquantized=True,
+        note="two outputs (h, c)",
+    ),
+    mod_case("gru_cell", F, lambda: _Cell("gru"), state, linear=True, host_unquantized=True),
+    mod_case("lstm", F, lambda: _Rnn("lstm"), seq, linear=True, host_unquantized=True),
+    mod_case(
+        "inplace_add_input",
+        F,
+        lambda: _InPlace("add_"),
+        randn((4, 16), (4, 16)),
+        linear=True,
+        rules=INPLACE_FP32,
+        note="updates an input in place",
+    ),
+    mod_case(
+        "inplace_slice_assign",
+        F,
+        lambda: _InPlace("slice"),
+        randn((4, 16), (4, 16)),
+        linear=True,
+        rules=INPLACE_FP32,
+        note="updates an input in place",
+    ),
+    lin_case("relu_inplace_intermediate", F, lambda a: torch.relu_(a * 1.0), randn((4, 16))),
+    lin_case(
+        "to_int_and_back", F, lambda a: (a * 4).to(torch.int32).to(torch.float32), randn((4, 16))
+    ),
+    lin_case(
+        "arange_add", F, lambda a: a + torch.arange(16, dtype=torch.float32) / 16, randn((4, 16))
+    ),
+    lin_case("triu", F, lambda a: torch.triu(a, diagonal=1), randn((16, 16))),
+    lin_case(
+        "zeros_output",
+        F,
+        lambda a: (a * 0.0, a),
+        randn((4, 16)),
+        note="an all-zero output next to a real one",
+    ),
+    fn_case(
+        "int_to_float",
+        F,
+        lambda a: a.to(torch.float32) * 0.5,
+        concat(lambda g: (torch.randint(-8, 8, (4, 16), generator=g),)),
+        integer=True,
+        rules=(INT_TO_FLOAT_XNNPACK,),
+    ),
+)

