@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -141,17 +142,8 @@ def run_infer(inp: InferInput) -> InferOutput:
     verdict = judge_accuracy(accuracy, cfg.gates_for(recipe), recipe)
     digests = _digests(inp)
     files = [OUTPUTS] + ([ETDUMP] if etdump is not None else [])
-    manifest = write_manifest(
-        out,
-        stage=Stage.INFER,
-        package=PACKAGE,
-        package_version=qnn_infer.__version__,
-        config=cfg,
-        inputs=digests,
-        files=files,
-        cache_key=cache_key(Stage.INFER, cfg, digests, code_version(qnn_infer)),
-        timings={"run_s": round(run_s, 3)},
-        extra_tools=runtime.tools,
+    manifest = _seal(
+        out, cfg, digests, files, {"run_s": run_s}, extra_tools=runtime.tools,
         metrics={
             "model": upstream.metrics.get("model") if upstream else Path(pte).name,
             # A bare .pte records nothing else about itself: the backends its delegates are for.
@@ -192,17 +184,8 @@ def _run_infer_causal_lm(
     generation = run_generation(lm, inp.source, spec, generation_cfg)
     verdict = judge_accuracy(accuracy, cfg.gates_for(recipe), recipe)
     digests = _digests(inp)
-    manifest = write_manifest(
-        out,
-        stage=Stage.INFER,
-        package=PACKAGE,
-        package_version=qnn_infer.__version__,
-        config=cfg,
-        inputs=digests,
-        files=[],
-        cache_key=cache_key(Stage.INFER, cfg, digests, code_version(qnn_infer)),
-        timings={"run_s": round(check_s, 3)},
-        extra_tools=runtime.tools,
+    manifest = _seal(
+        out, cfg, digests, [], {"run_s": check_s}, extra_tools=runtime.tools,
         metrics={
             "model": upstream.metrics.get("model"),
             "kind": "causal-lm",
@@ -216,3 +199,29 @@ def _run_infer_causal_lm(
     )
     check_accuracy_gates(inp.out_dir, manifest)
     return InferOutput(inp.out_dir, manifest)
+
+
+def _seal(
+    out: Path,
+    cfg: InferConfig,
+    inputs: Mapping[str, str],
+    files: Sequence[str],
+    timings: Mapping[str, float],
+    *,
+    metrics: Mapping[str, Any],
+    extra_tools: Mapping[str, str] | None = None,
+) -> Manifest:
+    """Seal `out` as this stage's artifact (see qnn_common.manifest.write_manifest)."""
+    return write_manifest(
+        out,
+        stage=Stage.INFER,
+        package=PACKAGE,
+        package_version=qnn_infer.__version__,
+        config=cfg,
+        inputs=inputs,
+        files=files,
+        cache_key=cache_key(Stage.INFER, cfg, inputs, code_version(qnn_infer)),
+        timings={k: round(v, 3) for k, v in timings.items()},
+        metrics=metrics,
+        extra_tools=extra_tools,
+    )

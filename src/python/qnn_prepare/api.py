@@ -7,13 +7,16 @@ import hashlib
 import logging
 import shutil
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
 import qnn_prepare
 from qnn_common.config import PrepareConfig, Stage
 from qnn_common.manifest import (
+    Manifest,
     atomic_write_bytes,
     begin_artifact,
     cache_key,
@@ -126,16 +129,8 @@ def run_prepare(inp: PrepareInput) -> PrepareOutput:
     files += _copy_tokenizer(model.tokenizer_files, out / TOKENIZER_DIR)
 
     digests = source_digests(cfg)
-    manifest = write_manifest(
-        out,
-        stage=Stage.PREPARE,
-        package=PACKAGE,
-        package_version=qnn_prepare.__version__,
-        config=cfg,
-        inputs=digests,
-        files=files,
-        cache_key=cache_key(Stage.PREPARE, cfg, digests, code_version(qnn_prepare)),
-        timings={k: round(v, 3) for k, v in timings.items()},
+    manifest = _seal(
+        out, cfg, digests, files, timings,
         metrics={
             "model": model.name,
             "kind": model.kind,
@@ -225,16 +220,8 @@ def _run_prepare_causal_lm(inp: PrepareInput) -> PrepareOutput:
         files.append(f"{TOKENIZER_DIR}/{name}")
 
     digests = source_digests(cfg)
-    manifest = write_manifest(
-        out,
-        stage=Stage.PREPARE,
-        package=PACKAGE,
-        package_version=qnn_prepare.__version__,
-        config=cfg,
-        inputs=digests,
-        files=files,
-        cache_key=cache_key(Stage.PREPARE, cfg, digests, code_version(qnn_prepare)),
-        timings={k: round(v, 3) for k, v in timings.items()},
+    manifest = _seal(
+        out, cfg, digests, files, timings,
         metrics={
             "model": lm.name,
             "kind": "causal-lm",
@@ -252,3 +239,29 @@ def _run_prepare_causal_lm(inp: PrepareInput) -> PrepareOutput:
         },
     )
     return PrepareOutput(inp.out_dir, manifest)
+
+
+def _seal(
+    out: Path,
+    cfg: PrepareConfig,
+    inputs: Mapping[str, str],
+    files: Sequence[str],
+    timings: Mapping[str, float],
+    *,
+    metrics: Mapping[str, Any],
+    extra_tools: Mapping[str, str] | None = None,
+) -> Manifest:
+    """Seal `out` as this stage's artifact (see qnn_common.manifest.write_manifest)."""
+    return write_manifest(
+        out,
+        stage=Stage.PREPARE,
+        package=PACKAGE,
+        package_version=qnn_prepare.__version__,
+        config=cfg,
+        inputs=inputs,
+        files=files,
+        cache_key=cache_key(Stage.PREPARE, cfg, inputs, code_version(qnn_prepare)),
+        timings={k: round(v, 3) for k, v in timings.items()},
+        metrics=metrics,
+        extra_tools=extra_tools,
+    )

@@ -7,8 +7,8 @@ model computes once at export) and the attention mask are inputs too, computed o
 transformers' mask building (arange / index / vmap) does not lower to QNN while an additive 4-D
 mask is a plain add, and positions as integers would need an int -> float cast in the graph,
 which QNN's quantized lowering mishandles (qnn_quant.quantizers.qnn); cos / sin in [-1, 1]
-quantize well. The past of a method holding n tokens is
-``max_seq_len - n`` slots, so both methods read the same host cache, each a prefix of it.
+quantize well. The past of a method holding n tokens is ``max_seq_len - n`` slots, so both
+methods read the same host cache, each a prefix of it.
 """
 
 from __future__ import annotations

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -115,16 +118,8 @@ def run_quantize(inp: QuantizeInput) -> QuantizeOutput:
         atomic_copy(inp.source / name, out / name)
 
     inputs = {"prepare": manifest_digest(inp.source)}
-    manifest = write_manifest(
-        out,
-        stage=Stage.QUANTIZE,
-        package=PACKAGE,
-        package_version=qnn_quant.__version__,
-        config=cfg,
-        inputs=inputs,
-        files=[PROGRAM, REFERENCE_FAKE_QUANT, *carried],
-        cache_key=cache_key(Stage.QUANTIZE, cfg, inputs, code_version(qnn_quant)),
-        timings={k: round(v, 3) for k, v in timings.items()},
+    manifest = _seal(
+        out, cfg, inputs, [PROGRAM, REFERENCE_FAKE_QUANT, *carried], timings,
         metrics={
             "model": src.metrics.get("model"),
             "quantized_ops": quantized_op_count(quantized.graph_module),
@@ -179,16 +174,8 @@ def _run_quantize_causal_lm(inp: QuantizeInput, src: Manifest, spec: LlmSpec) ->
         atomic_copy(inp.source / name, out / name)
     reference = [s[0] for s in load_samples(inp.source / REFERENCE_FP32)]
     inputs = {"prepare": manifest_digest(inp.source)}
-    manifest = write_manifest(
-        out,
-        stage=Stage.QUANTIZE,
-        package=PACKAGE,
-        package_version=qnn_quant.__version__,
-        config=cfg,
-        inputs=inputs,
-        files=[*files, REFERENCE_FAKE_QUANT, *carried],
-        cache_key=cache_key(Stage.QUANTIZE, cfg, inputs, code_version(qnn_quant)),
-        timings={k: round(v, 3) for k, v in timings.items()},
+    manifest = _seal(
+        out, cfg, inputs, [*files, REFERENCE_FAKE_QUANT, *carried], timings,
         metrics={
             "model": src.metrics.get("model"),
             "kind": "causal-lm",
@@ -199,3 +186,29 @@ def _run_quantize_causal_lm(inp: QuantizeInput, src: Manifest, spec: LlmSpec) ->
         },
     )
     return QuantizeOutput(inp.out_dir, manifest)
+
+
+def _seal(
+    out: Path,
+    cfg: QuantizeConfig,
+    inputs: Mapping[str, str],
+    files: Sequence[str],
+    timings: Mapping[str, float],
+    *,
+    metrics: Mapping[str, Any],
+    extra_tools: Mapping[str, str] | None = None,
+) -> Manifest:
+    """Seal `out` as this stage's artifact (see qnn_common.manifest.write_manifest)."""
+    return write_manifest(
+        out,
+        stage=Stage.QUANTIZE,
+        package=PACKAGE,
+        package_version=qnn_quant.__version__,
+        config=cfg,
+        inputs=inputs,
+        files=files,
+        cache_key=cache_key(Stage.QUANTIZE, cfg, inputs, code_version(qnn_quant)),
+        timings={k: round(v, 3) for k, v in timings.items()},
+        metrics=metrics,
+        extra_tools=extra_tools,
+    )

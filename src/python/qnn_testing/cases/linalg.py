@@ -6,7 +6,6 @@ import torch
 from torch import nn
 
 from qnn_testing.cases.base import OpCase, lin_case, mod_case, randn
-from qnn_testing.expect import Rule, XFail
 
 F = "linalg"
 
@@ -31,18 +30,6 @@ class _Bilinear(nn.Module):
         return torch.matmul(q, k.transpose(-1, -2))
 
 
-# Measured on the emulator: an LPBQ linear compiled for V79 (SM8750) or V81 (SM8850) is 10.5 dB
-# vs fake quant (cosine 0.956) while the same program for V73 / V75 is 85 dB. Emulator or QNN
-# 2.51's LPBQ path for the newer archs: unknown without a device.
-_LPBQ_NEW = XFail(
-    "LPBQ linear for V79 / V81 is wrong on the emulator (10.5 dB vs fake quant; "
-    "V73 / V75: 85 dB)"
-)
-LPBQ_V79_V81 = (
-    Rule("qnn-v79", "16a4w_block", outcome=_LPBQ_NEW),
-    Rule("qnn-v81", "16a4w_block", outcome=_LPBQ_NEW),
-)
-
 seq = randn((2, 8, 16))
 
 CASES: tuple[OpCase, ...] = (
@@ -54,7 +41,6 @@ CASES: tuple[OpCase, ...] = (
         linear=True,
         smoke=True,
         qnn=True,
-        rules=LPBQ_V79_V81,
     ),
     mod_case(
         "linear_no_bias", F, lambda: nn.Linear(16, 8, bias=False), randn((4, 16)), linear=True
