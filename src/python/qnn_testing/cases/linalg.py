@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from qnn_testing.cases.base import OpCase, lin_case, mod_case, randn
+from qnn_testing.expect import Rule, XFail
 
 F = "linalg"
 
@@ -30,6 +31,21 @@ class _Bilinear(nn.Module):
         return torch.matmul(q, k.transpose(-1, -2))
 
 
+# An LPBQ linear compiled for V79 (SM8750) or V81 (SM8850) on the emulator is right (84.9 dB vs
+# fake quant) in some runs and wrong in others (10.52 dB, cosine 0.956; the same wrong numbers
+# each time), for the same program: seen in two CI runs, one arch failing in each. V73 / V75 are
+# always right. Emulator, QNN 2.51's LPBQ path for the newer archs, or state in the process:
+# unknown without a device. Not strict, so neither outcome fails the suite; both are reported.
+_LPBQ_NEW = XFail(
+    "LPBQ linear for V79 / V81 on the emulator is nondeterministic: 84.9 dB in some runs, "
+    "10.5 dB vs fake quant in others (V73 / V75: always 85 dB)",
+    strict=False,
+)
+LPBQ_V79_V81 = (
+    Rule("qnn-v79", "16a4w_block", outcome=_LPBQ_NEW),
+    Rule("qnn-v81", "16a4w_block", outcome=_LPBQ_NEW),
+)
+
 seq = randn((2, 8, 16))
 
 CASES: tuple[OpCase, ...] = (
@@ -41,6 +57,7 @@ CASES: tuple[OpCase, ...] = (
         linear=True,
         smoke=True,
         qnn=True,
+        rules=LPBQ_V79_V81,
     ),
     mod_case(
         "linear_no_bias", F, lambda: nn.Linear(16, 8, bias=False), randn((4, 16)), linear=True
