@@ -412,3 +412,32 @@ def _verify_entry(artifact_dir: Path, entry: FileEntry) -> None:
             f"sha256 {digest[:12]}..., manifest says {entry.sha256[:12]}... (modified); "
             "rerun the stage",
         )
+
+
+def seal_stage(
+    artifact_dir: Path,
+    *,
+    stage: str,
+    package: str,
+    module: types.ModuleType,
+    config: Any,
+    inputs: Mapping[str, str],
+    files: Sequence[str],
+    timings: Mapping[str, float],
+    metrics: Mapping[str, Any],
+    extra_tools: Mapping[str, str] | None = None,
+) -> Manifest:
+    """`write_manifest` for a stage package: its version, and the cache key from its code."""
+    return write_manifest(
+        artifact_dir,
+        stage=stage,
+        package=package,
+        package_version=str(getattr(module, "__version__", "0")),
+        config=config,
+        inputs=inputs,
+        files=files,
+        cache_key=cache_key(stage, config, inputs, code_version(module)),
+        timings={k: round(v, 3) for k, v in timings.items()},
+        metrics=metrics,
+        extra_tools=extra_tools,
+    )

@@ -21,8 +21,8 @@ from qnn_common.manifest import (
     code_version,
     load_manifest,
     manifest_digest,
+    seal_stage,
     sha256_file,
-    write_manifest,
 )
 from qnn_common.metrics import compare_samples
 from qnn_common.recipes import Recipe
@@ -203,7 +203,7 @@ def _run_infer_causal_lm(
 
 def _seal(
     out: Path,
-    cfg: InferConfig,
+    cfg: Any,
     inputs: Mapping[str, str],
     files: Sequence[str],
     timings: Mapping[str, float],
@@ -211,17 +211,7 @@ def _seal(
     metrics: Mapping[str, Any],
     extra_tools: Mapping[str, str] | None = None,
 ) -> Manifest:
-    """Seal `out` as this stage's artifact (see qnn_common.manifest.write_manifest)."""
-    return write_manifest(
-        out,
-        stage=Stage.INFER,
-        package=PACKAGE,
-        package_version=qnn_infer.__version__,
-        config=cfg,
-        inputs=inputs,
-        files=files,
-        cache_key=cache_key(Stage.INFER, cfg, inputs, code_version(qnn_infer)),
-        timings={k: round(v, 3) for k, v in timings.items()},
-        metrics=metrics,
-        extra_tools=extra_tools,
+    return seal_stage(
+        out, stage=Stage.INFER, package=PACKAGE, module=qnn_infer, config=cfg, inputs=inputs,
+        files=files, timings=timings, metrics=metrics, extra_tools=extra_tools,
     )

@@ -21,8 +21,8 @@ from qnn_common.manifest import (
     begin_artifact,
     cache_key,
     code_version,
+    seal_stage,
     sha256_file,
-    write_manifest,
 )
 from qnn_common.stages import (
     CALIBRATION,
@@ -243,7 +243,7 @@ def _run_prepare_causal_lm(inp: PrepareInput) -> PrepareOutput:
 
 def _seal(
     out: Path,
-    cfg: PrepareConfig,
+    cfg: Any,
     inputs: Mapping[str, str],
     files: Sequence[str],
     timings: Mapping[str, float],
@@ -251,17 +251,7 @@ def _seal(
     metrics: Mapping[str, Any],
     extra_tools: Mapping[str, str] | None = None,
 ) -> Manifest:
-    """Seal `out` as this stage's artifact (see qnn_common.manifest.write_manifest)."""
-    return write_manifest(
-        out,
-        stage=Stage.PREPARE,
-        package=PACKAGE,
-        package_version=qnn_prepare.__version__,
-        config=cfg,
-        inputs=inputs,
-        files=files,
-        cache_key=cache_key(Stage.PREPARE, cfg, inputs, code_version(qnn_prepare)),
-        timings={k: round(v, 3) for k, v in timings.items()},
-        metrics=metrics,
-        extra_tools=extra_tools,
+    return seal_stage(
+        out, stage=Stage.PREPARE, package=PACKAGE, module=qnn_prepare, config=cfg, inputs=inputs,
+        files=files, timings=timings, metrics=metrics, extra_tools=extra_tools,
     )

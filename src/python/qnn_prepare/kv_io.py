@@ -123,7 +123,7 @@ def rope_table(lm: CausalLm) -> tuple[torch.Tensor, torch.Tensor]:
 
 def kv_layout(lm: CausalLm) -> KvLayout:
     """Layers, KV heads and head size of `lm`, read from its config."""
-    config = lm.hf.config.get_text_config()  # type: ignore[union-attr, operator]
+    config = lm.hf.config.get_text_config()  # type: ignore[union-attr, operator]  # hf: a PreTrainedModel
     heads = int(config.num_attention_heads)
     head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
     return KvLayout(
@@ -149,7 +149,7 @@ def export_kv_io_methods(
     layout = kv_layout(lm)
     rope = rope_table(lm)
     # Eager attention: the SDPA path exports a "safe softmax" (any / where) QNN cannot lower.
-    lm.hf.config._attn_implementation = "eager"  # type: ignore[union-attr]
+    lm.hf.config._attn_implementation = "eager"  # type: ignore[union-attr]  # hf: a PreTrainedModel
     module = KvIoLm(lm.hf, layout).eval()
     out = {}
     with torch.no_grad():

@@ -21,7 +21,7 @@ from qnn_common.manifest import (
     code_version,
     load_manifest,
     manifest_digest,
-    write_manifest,
+    seal_stage,
 )
 from qnn_common.metrics import compare_samples, logits_accuracy
 from qnn_common.stages import (
@@ -190,7 +190,7 @@ def _run_quantize_causal_lm(inp: QuantizeInput, src: Manifest, spec: LlmSpec) ->
 
 def _seal(
     out: Path,
-    cfg: QuantizeConfig,
+    cfg: Any,
     inputs: Mapping[str, str],
     files: Sequence[str],
     timings: Mapping[str, float],
@@ -198,17 +198,7 @@ def _seal(
     metrics: Mapping[str, Any],
     extra_tools: Mapping[str, str] | None = None,
 ) -> Manifest:
-    """Seal `out` as this stage's artifact (see qnn_common.manifest.write_manifest)."""
-    return write_manifest(
-        out,
-        stage=Stage.QUANTIZE,
-        package=PACKAGE,
-        package_version=qnn_quant.__version__,
-        config=cfg,
-        inputs=inputs,
-        files=files,
-        cache_key=cache_key(Stage.QUANTIZE, cfg, inputs, code_version(qnn_quant)),
-        timings={k: round(v, 3) for k, v in timings.items()},
-        metrics=metrics,
-        extra_tools=extra_tools,
+    return seal_stage(
+        out, stage=Stage.QUANTIZE, package=PACKAGE, module=qnn_quant, config=cfg, inputs=inputs,
+        files=files, timings=timings, metrics=metrics, extra_tools=extra_tools,
     )
