@@ -18,14 +18,13 @@ import argparse
 import json
 import os
 import platform
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
+from stage_process import run_stage
 
 from qnn_common.config import CompileConfig
 from qnn_common.recipes import Recipe
@@ -33,7 +32,7 @@ from qnn_common.stages import method_program
 from qnn_common.tensorio import load_program
 from qnn_compile.backends import lowering_for
 from qnn_compile.lower import lower_program
-from qnn_prepare.causal_lm import save_tiny_decoder
+from qnn_prepare.tiny_decoders import save_tiny_decoder
 
 PROMPT = "Once upon a time"
 
@@ -60,34 +59,6 @@ def _eager_decode_tokens_per_s(model_dir: Path, new_tokens: int, runs: int) -> f
     return best
 
 
-# Runs a stage CLI and writes its peak RSS (VmHWM: this process image's high-water mark; not
-# ru_maxrss, which a child inherits from the forking parent) to the file named by argv[1].
-_PEAK_RSS = """
-import runpy, sys
-out, module = sys.argv.pop(1), sys.argv.pop(1)
-def peak():
-    for line in open("/proc/self/status"):
-        if line.startswith("VmHWM:"):
-            open(out, "w").write(line.split()[1])
-try:
-    runpy.run_module(module, run_name="__main__", alter_sys=True)
-finally:
-    peak()
-"""
-
-
-def _stage(argv: list[str], work: Path) -> tuple[float, float]:
-    """Run one stage CLI in its own process: (seconds, peak RSS in MB)."""
-    rss_file = work / "peak_rss_kb"
-    t = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-c", _PEAK_RSS, str(rss_file), *argv],
-                          stdout=subprocess.DEVNULL, check=False)
-    seconds = time.perf_counter() - t
-    if proc.returncode != 0:
-        raise SystemExit(f"{' '.join(argv)} failed (exit {proc.returncode})")
-    return seconds, int(rss_file.read_text()) / 1024
-
-
 def _run(model: str, recipe: str, work: Path, args: argparse.Namespace) -> dict[str, Any]:
     shapes = ["--max-seq-len", str(args.max_seq_len), "--prefill-len", str(args.prefill_len)]
     prep, quant, comp, inf = (work / recipe / s
@@ -105,7 +76,7 @@ def _run(model: str, recipe: str, work: Path, args: argparse.Namespace) -> dict[
     steps.append(("infer", ["qnn_infer.cli", str(comp), "--prompt", PROMPT, "--no-stream",
                             "--max-new-tokens", str(args.new_tokens), "-o", str(inf), "-q"]))
     for name, argv in steps:
-        seconds, rss = _stage(argv, work)
+        seconds, rss = run_stage(argv, work)
         row["seconds"][name], row["peak_rss_mb"][name] = round(seconds, 1), round(rss)
     metrics = json.loads((inf / "manifest.json").read_text())["metrics"]
     row["generation"] = {k: metrics["generation"][k] for k in (

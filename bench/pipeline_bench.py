@@ -1,23 +1,28 @@
 """Benchmark: our pipeline vs. the same plain ExecuTorch calls, and the .pte vs. eager PyTorch.
 
-Run: `./pants run bench/pipeline_bench.py -- --models tiny-cnn minilm`
+Run: `./pants run bench/pipeline_bench.py -- --models tiny-cnn minilm --json bench.json`
 
-For each model, in one process (the machines are noisy, so only ratios measured side by side are
-reported):
+For each model and recipe (XNNPACK; 8a8w and fp32 by default), in one process (the machines are
+noisy, so only ratios measured side by side are reported):
 - the pipeline's per-stage seconds (fresh output directory, so every stage runs);
 - the plain script: the same export -> PT2E quantize -> lower -> to_executorch -> execute calls
   with nothing around them (no manifests, hashing, references, reports);
-- the .pte's latency p50 vs. eager fp32 PyTorch on the same input and run count.
+- the .pte's latency p50 / p90 vs. eager fp32 PyTorch on the same input, threads and run count;
+- with `--rss` (default: minilm), each stage again as its own CLI process, for its peak RSS
+  (`stage_process.run_stage`).
 
 What the pipeline does on top of the plain calls, and the plain script does not: save and reload
-the program between stages, fp32 and fake-quant reference outputs, the accuracy report (its
-per-layer part is the "accuracy report s" column), hashing and manifests.
+the program between stages, the fake-quant reference, the accuracy report (its per-layer part is
+in the "report s" column), hashing and manifests. Prints one Markdown table; `--json` also writes
+the rows, the machine and the date.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import platform
 import statistics
 import tempfile
 import time
@@ -25,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from stage_process import run_stage
 
 from qnn_common.cli_support import add_logging_args, setup_logging
 from qnn_common.config import CompileConfig, PipelineContext, Stage
@@ -34,32 +40,39 @@ from qnn_compile.backends import lowering_for
 from qnn_compile.lower import lower_program
 from qnn_infer.measure import measure_latency
 from qnn_infer.runner import HostRunner
+from qnn_infer.runtimes import set_cpu_threads
 from qnn_pipeline.orchestrator import run_pipeline
 from qnn_prepare.calibration import make_calibration
 from qnn_prepare.models import load_model
 from qnn_quant.pt2e import quantize_program
 
+STAGES = ("prepare", "quantize", "compile", "infer")
 
-def _plain(model_name: str, seq_len: int, samples: int, runs: int, workdir: Path) -> dict[str, Any]:
+
+def _plain(model_name: str, recipe: Recipe, seq_len: int, samples: int, runs: int,
+           workdir: Path) -> dict[str, Any]:
     """The bare calls, timed the same way; quantize_program wraps prepare/convert_pt2e only."""
     t0 = time.perf_counter()
     model = load_model(model_name, seq_len=seq_len)
     program = torch.export.export(model.module, model.example_inputs, strict=False)
-    calibration = make_calibration(model, num_samples=samples, source=None, seed=1126)
-    quantized = quantize_program(program, target=Target(Backend.XNNPACK), recipe=Recipe.A8W8,
-                                 calibration=calibration, progress=False)
+    if recipe.is_quantized:
+        calibration = make_calibration(model, num_samples=samples, source=None, seed=1126)
+        program = quantize_program(program, target=Target(Backend.XNNPACK), recipe=recipe,
+                                   calibration=calibration, progress=False)
     pte = workdir / "plain.pte"
-    lowering = lowering_for(CompileConfig(backend=Backend.XNNPACK, recipe=Recipe.A8W8))
-    pte.write_bytes(lower_program(quantized, lowering).pte)
+    lowering = lowering_for(CompileConfig(backend=Backend.XNNPACK, recipe=recipe))
+    pte.write_bytes(lower_program(program, lowering).pte)
     runner = HostRunner(pte)
     runner.run(tuple(model.example_inputs))
     # The pipeline's infer stage times `runs` executions too; so does the plain script.
     latency = measure_latency(runner, tuple(model.example_inputs), warmup=3, runs=runs)
     total = time.perf_counter() - t0
-    return {"total_s": total, "pte_p50_ms": latency["p50_ms"], "model": model}
+    return {"total_s": total, "latency": latency, "model": model}
 
 
-def _eager_p50_ms(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], runs: int) -> float:
+def _eager_ms(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], runs: int
+              ) -> tuple[float, float]:
+    """Eager fp32 PyTorch: (p50, p90) in ms over `runs` calls after 3 warm-up calls."""
     times = []
     with torch.no_grad():
         for _ in range(3):
@@ -68,36 +81,70 @@ def _eager_p50_ms(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], run
             t = time.perf_counter()
             module(*inputs)
             times.append((time.perf_counter() - t) * 1e3)
-    return statistics.median(times)
+    deciles = statistics.quantiles(times, n=10)
+    return statistics.median(times), deciles[8]
 
 
-def bench(model_name: str, seq_len: int, samples: int, runs: int) -> dict[str, Any]:
+def _stage_rss(model: str, recipe: Recipe, args: argparse.Namespace, work: Path
+               ) -> dict[str, float]:
+    """Each stage as its own CLI process: peak RSS in MB."""
+    prep, quant, comp, inf = (work / s for s in STAGES)
+    steps = [("prepare", ["qnn_prepare.cli", "--model", model, "--seq-len", str(args.seq_len),
+                          "--calibration-samples", str(args.calibration_samples),
+                          "-o", str(prep), "-q"])]
+    source = prep
+    if recipe.is_quantized:
+        steps.append(("quantize", ["qnn_quant.cli", str(prep), "--recipe", recipe.value,
+                                   "-o", str(quant), "-q"]))
+        source = quant
+    steps.append(("compile", ["qnn_compile.cli", str(source), "--recipe", recipe.value,
+                              "-o", str(comp), "-q"]))
+    steps.append(("infer", ["qnn_infer.cli", str(comp), "--runs", str(args.runs),
+                            "--no-accuracy-gates", "-o", str(inf), "-q"]))
+    return {name: round(run_stage(argv, work)[1]) for name, argv in steps}
+
+
+def bench(model_name: str, recipe: Recipe, args: argparse.Namespace) -> dict[str, Any]:
+    """One row: the pipeline and the plain calls side by side, then eager and peak RSS."""
     with tempfile.TemporaryDirectory() as tmp:
         ctx = PipelineContext.create(
-            model_name, out_dir=Path(tmp) / "out", force=True,
-            prepare={"seq_len": seq_len, "calibration_samples": samples},
-            infer={"runs": runs},
+            model_name, out_dir=Path(tmp) / "out", force=True, recipe=recipe,
+            prepare={"seq_len": args.seq_len, "calibration_samples": args.calibration_samples},
+            # A benchmark reports the accuracy it measured; it does not stop at a gate.
+            infer={"runs": args.runs, "threads": args.threads, "accuracy_gates": False},
         )
         t0 = time.perf_counter()
         result = run_pipeline(ctx)
         ours = time.perf_counter() - t0
-        report_s = _quantize_timing(result, "report_s")
-        plain = _plain(model_name, seq_len, samples, runs, Path(tmp))
+        report_s = _quantize_timing(result, "report_s") if recipe.is_quantized else None
+        plain = _plain(model_name, recipe, args.seq_len, args.calibration_samples, args.runs,
+                       Path(tmp))
     model = plain["model"]
-    eager = _eager_p50_ms(model.module, tuple(model.example_inputs), runs)
-    stages = {r.stage.value: r.seconds for r in result.records}
-    pte_p50 = result.summary["latency_ms"]["p50"]
+    eager_p50, eager_p90 = _eager_ms(model.module, tuple(model.example_inputs), args.runs)
+    stages = {r.stage.value: r.seconds for r in result.records if r.status == "ran"}
+    latency = result.summary["latency_ms"]
+    rss: dict[str, float] = {}
+    if model_name in args.rss:
+        with tempfile.TemporaryDirectory() as tmp:
+            rss = _stage_rss(model_name, recipe, args, Path(tmp))
     return {
         "model": model_name,
+        "recipe": recipe.value,
         "stages_s": stages,
         "pipeline_total_s": round(ours, 2),
         "plain_total_s": round(plain["total_s"], 2),
         "pipeline_vs_plain": round(ours / plain["total_s"], 3),
         # The per-layer accuracy report is work the plain script does not do at all.
         "accuracy_report_s": report_s,
-        "pte_p50_ms": pte_p50,
-        "eager_fp32_p50_ms": round(eager, 3),
-        "pte_vs_eager_fp32": round(pte_p50 / eager, 3),
+        "pte_p50_ms": latency["p50"],
+        "pte_p90_ms": latency["p90"],
+        "plain_pte_p50_ms": plain["latency"]["p50_ms"],
+        "eager_fp32_p50_ms": round(eager_p50, 3),
+        "eager_fp32_p90_ms": round(eager_p90, 3),
+        "pte_vs_eager_fp32": round(latency["p50"] / eager_p50, 3),
+        "delegated_ops": result.summary["delegated_ops"],
+        "non_delegated_ops": result.summary["non_delegated_ops"],
+        "peak_rss_mb": rss,
         "accuracy": result.summary["accuracy"],
     }
 
@@ -109,39 +156,77 @@ def _quantize_timing(result: Any, key: str) -> float | None:
     return load_manifest(record.artifact, verify=False).timings.get(key)
 
 
+def _cell(stages: dict[str, Any], name: str, fmt: str) -> str:
+    value = stages.get(name)
+    return "-" if value is None else format(value, fmt)
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    """The rows as one Markdown table."""
+    lines = [
+        "| model | recipe | prepare s | quantize s | compile s | infer s | pipeline s | plain s "
+        "| pipeline / plain | of which report s | .pte p50 / p90 ms | eager fp32 p50 / p90 ms "
+        "| .pte / eager | ops outside XNNPACK | peak RSS MB prep / quant / comp / infer |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        s, rss = r["stages_s"], r["peak_rss_mb"]
+        report = "-" if r["accuracy_report_s"] is None else f"{r['accuracy_report_s']:.1f}"
+        lines.append(
+            f"| {r['model']} | {r['recipe']} | {_cell(s, 'prepare', '.1f')} | "
+            f"{_cell(s, 'quantize', '.1f')} | {_cell(s, 'compile', '.1f')} | "
+            f"{_cell(s, 'infer', '.1f')} | {r['pipeline_total_s']:.1f} | "
+            f"{r['plain_total_s']:.1f} | **{r['pipeline_vs_plain']:.2f}x** | {report} | "
+            f"{r['pte_p50_ms']:.2f} / {r['pte_p90_ms']:.2f} | "
+            f"{r['eager_fp32_p50_ms']:.2f} / {r['eager_fp32_p90_ms']:.2f} | "
+            f"**{r['pte_vs_eager_fp32']:.2f}x** | {r['non_delegated_ops']} | "
+            + (" / ".join(_cell(rss, n, ".0f") for n in STAGES) if rss else "-") + " |"
+        )
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="+", default=["tiny-cnn", "minilm"])
+    parser.add_argument("--recipes", nargs="+", default=["8a8w", "fp32"],
+                        choices=["8a8w", "fp32"])
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--calibration-samples", type=int, default=16)
     parser.add_argument("--runs", type=int, default=50)
+    parser.add_argument("--threads", type=int, default=None,
+                        help="CPU threads for the .pte and eager PyTorch (default: all cores)")
+    parser.add_argument("--rss", nargs="*", default=["minilm"], metavar="MODEL",
+                        help="models whose stages also run as separate processes for their "
+                        "peak RSS (default: minilm; none: --rss)")
     parser.add_argument("--json", type=Path, help="also write the results here")
     add_logging_args(parser)
     args = parser.parse_args()
     # The table is the output: stage logs and third-party noise (library FutureWarnings by the
     # dozen, see qnn_common.noise) only with -v.
     setup_logging(args.verbose, quiet=not args.verbose)
-    torch.set_num_threads(max(1, torch.get_num_threads()))
+    threads = set_cpu_threads(args.threads)  # the runtime's pool, for the plain runs too
+    torch.set_num_threads(threads)  # and eager PyTorch's, the same count
     # One untimed pass first: imports, kernel registration and the first lowering's one-time
     # setup would otherwise be charged to whichever side runs first.
     with tempfile.TemporaryDirectory() as tmp:
-        _plain("tiny-cnn", args.seq_len, 2, 1, Path(tmp))
+        _plain("tiny-cnn", Recipe.A8W8, args.seq_len, 2, 1, Path(tmp))
     for model in args.models:
         load_model(model, seq_len=args.seq_len)  # warm the page cache and lazy imports
-    rows = [bench(m, args.seq_len, args.calibration_samples, args.runs) for m in args.models]
-    print("| model | prepare s | quantize s | compile s | infer s | pipeline s | plain s | "
-          "pipeline/plain | of which accuracy report s | .pte p50 ms | eager fp32 p50 ms | "
-          ".pte/eager |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for r in rows:
-        s = r["stages_s"]
-        print(f"| {r['model']} | {s['prepare']:.1f} | {s['quantize']:.1f} | {s['compile']:.1f} | "
-              f"{s['infer']:.1f} | {r['pipeline_total_s']:.1f} | {r['plain_total_s']:.1f} | "
-              f"{r['pipeline_vs_plain']:.2f}x | {r['accuracy_report_s']} | {r['pte_p50_ms']:.2f} | "
-              f"{r['eager_fp32_p50_ms']:.2f} | {r['pte_vs_eager_fp32']:.2f}x |")
+    rows = [bench(m, Recipe(r), args) for m in args.models for r in args.recipes]
+    machine = (f"{platform.machine()}, {os.cpu_count()} cores, load average "
+               f"{os.getloadavg()[0]:.1f} at the end")
+    print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {machine}; {threads} "
+          f"thread(s); seq_len {args.seq_len}, {args.calibration_samples} calibration samples, "
+          f"{args.runs} timed runs, XNNPACK")
+    print(table(rows))
     if args.json:
-        args.json.write_text(json.dumps(rows, indent=2))
+        result = {
+            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "machine": machine,
+            "torch": torch.__version__, "threads": threads, "seq_len": args.seq_len,
+            "calibration_samples": args.calibration_samples, "runs": args.runs, "rows": rows,
+        }
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -13,9 +13,11 @@ from qnn_common.recipes import Backend, Recipe
 from qnn_common.soc import lookup_soc
 from qnn_common.target import Target
 from qnn_prepare.calibration import make_calibration, random_samples
-from qnn_prepare.models import LoadedModel, export_program, load_model, save_tiny_llama
+from qnn_prepare.models import load_model
+from qnn_prepare.task import LoadedModel, export_program
+from qnn_prepare.tiny_decoders import save_tiny_llama
 from qnn_quant.pt2e import quantize_program
-from qnn_quant.report import accuracy_report
+from qnn_quant.report import accuracy_report, accuracy_report_and_outputs
 
 
 @pytest.fixture(scope="module")
@@ -78,6 +80,39 @@ def test_top_k_and_empty_samples(
     assert accuracy_report(ep, quantized, [model.example_inputs], top_k=0)["worst_layers"] == []
     with pytest.raises(ValueError, match="at least one sample"):
         accuracy_report(ep, quantized, [])
+
+
+def test_one_pass_gives_the_fake_quant_outputs(
+    cnn_pair: tuple[LoadedModel, torch.export.ExportedProgram, torch.export.ExportedProgram],
+) -> None:
+    """The per-layer capture rides on the pass that also yields the fake-quant reference: its
+    outputs are the plain quantized module's, bit for bit, and the report is unchanged."""
+    model, ep, quantized = cnn_pair
+    samples = random_samples(model, num_samples=2, seed=5)
+    report, outputs = accuracy_report_and_outputs(ep, quantized, samples, top_k=3)
+    assert report == accuracy_report(ep, quantized, samples, top_k=3)
+    with torch.no_grad():
+        plain = [quantized.module()(*s) for s in samples]
+    assert len(outputs) == 2
+    for (got,), want in zip(outputs, plain, strict=True):
+        assert torch.equal(got, want)
+
+
+def test_given_fp32_outputs_replace_the_fp32_run_without_layers(
+    cnn_pair: tuple[LoadedModel, torch.export.ExportedProgram, torch.export.ExportedProgram],
+) -> None:
+    model, ep, quantized = cnn_pair
+    samples = random_samples(model, num_samples=2, seed=6)
+    with torch.no_grad():
+        stored = [(ep.module()(*s),) for s in samples]
+    # The "fp32 program" passed is the quantized one: were it run, the SQNR would be infinite.
+    report, _ = accuracy_report_and_outputs(
+        quantized, quantized, samples, top_k=0, fp32_outputs=stored
+    )
+    assert report == accuracy_report(ep, quantized, samples, top_k=0)
+    assert report["vs_fp32"]["sqnr_db"] != "inf"
+    with pytest.raises(ValueError, match="fp32 outputs"):
+        accuracy_report_and_outputs(ep, quantized, samples, fp32_outputs=stored[:1])
 
 
 def test_layers_match_across_qnn_decompositions(tmp_path: Path) -> None:

@@ -23,8 +23,9 @@ from qnn_infer.causal_lm import load_tokenizer, prompt_ids
 from qnn_infer.generate import PteLm
 from qnn_pipeline.orchestrator import run_pipeline
 from qnn_prepare.api import run_prepare
-from qnn_prepare.causal_lm import export_methods, load_causal_lm, save_tiny_decoder
+from qnn_prepare.causal_lm import export_methods, load_causal_lm
 from qnn_prepare.kv_io import export_kv_io_methods, kv_layout
+from qnn_prepare.tiny_decoders import save_tiny_decoder
 from qnn_quant.methods import module_runner
 
 PROMPT = "Once upon a time"
@@ -133,7 +134,9 @@ def test_8a8w_keeps_argmax_agreement_and_shares_scales(tmp_path: Path) -> None:
     summary = _pipeline(tmp_path, "8a8w")
     generation = summary["generation"]
     assert generation["argmax_agreement_vs_eager"] >= 0.9  # measured 0.94
-    assert summary["accuracy"]["sqnr_db_vs_fake_quant"] >= 30  # measured 56-58 dB
+    # Measured "inf" (summary.json spells it so): the logits leave the program quantized, as
+    # everything XNNPACK takes is now quantized, and its int8 kernels round to the same levels.
+    assert float(summary["accuracy"]["sqnr_db_vs_fake_quant"]) >= 30
     assert summary["quantized_ops"] > 0 and summary["accuracy"]["ok"] is True
     quantized = _artifact(summary, Stage.QUANTIZE)
     scales = {}

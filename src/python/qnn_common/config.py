@@ -269,6 +269,9 @@ class InferConfig:
     runs: int = 20
     inputs_file: Path | None = None
     etdump: bool = False
+    # CPU threads of the runtime's threadpool (XNNPACK's kernels run on it); None: every core
+    # this process may use.
+    threads: int | None = None
     # Run on an Android device over adb instead of the host: its serial, or "auto" for the only
     # connected one; `device_runner` is the executor runner built for Android (arm64).
     device: str | None = None
@@ -287,6 +290,9 @@ class InferConfig:
                  "a few runs warm the caches; more only take time")
         _bounded("infer.runs", self.runs, 1, MAX_RUNS,
                  "latency quantiles settle within a few hundred runs")
+        if self.threads is not None:
+            _bounded("infer.threads", self.threads, 1, 1024,
+                     "more threads than that only contend for the same cores")
         for f in dataclasses.fields(AccuracyGates):
             value = getattr(self, f.name)
             check_gate(f"infer.{f.name}", value)

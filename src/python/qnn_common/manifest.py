@@ -45,6 +45,7 @@ from qnn_common.atomic import atomic_write_bytes as atomic_write_bytes
 from qnn_common.atomic import atomic_write_text as atomic_write_text
 from qnn_common.atomic import is_temp_name
 from qnn_common.errors import ArtifactError
+from qnn_common.hashing import sha256_file as sha256_file  # each file hashed once per process
 
 # 2: the manifest's own digest, key_basis, and no unlisted files in an artifact directory.
 SCHEMA_VERSION = 2
@@ -119,15 +120,6 @@ def _content_digest(plain: Mapping[str, Any]) -> str:
 
 
 # --- digests and versions --------------------------------------------------------------------
-
-
-def sha256_file(path: Path) -> str:
-    """Hex sha256 of a file, streamed."""
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def to_jsonable(value: Any) -> Any:

@@ -69,10 +69,23 @@ def _toolchain_digests(cfg: CompileConfig) -> dict[str, str]:
     return {"qnn_sdk": f"{sdk.qnn_version}|{sdk.build_id}|bridged={sdk.bridged}"}
 
 
+def _input_digests(inp: CompileInput) -> dict[str, str]:
+    """What the cache key covers: the upstream manifest's identity digest (read from its
+    manifest, whose own digest is checked; its files are verified when the stage runs, not to
+    compute a key), or a bare .pt2's sha256; plus the toolchain's."""
+    if inp.source.is_dir():
+        stage = load_manifest(
+            inp.source, expect_stage=(Stage.PREPARE, Stage.QUANTIZE), verify=False
+        ).stage
+        digests = {stage: manifest_digest(inp.source)}
+    else:
+        digests = {"program": sha256_file(inp.source)}
+    return {**digests, **_toolchain_digests(inp.config)}
+
+
 def compile_cache_key(inp: CompileInput) -> str:
-    _, _, digests = _source(inp)
-    digests = {**digests, **_toolchain_digests(inp.config)}
-    return cache_key(Stage.COMPILE, inp.config, digests, code_version(qnn_compile))
+    """The cache key of `inp`'s artifact; reads only the source's manifest (or hashes a .pt2)."""
+    return cache_key(Stage.COMPILE, inp.config, _input_digests(inp), code_version(qnn_compile))
 
 
 def _check_matches_upstream(source: Path, cfg: CompileConfig, upstream: Manifest | None) -> None:

@@ -26,6 +26,7 @@ from qnn_common.errors import StageError
 from qnn_common.manifest import atomic_path
 from qnn_common.recipes import Backend
 from qnn_compile.backends import BackendLowering
+from qnn_compile.decompositions import check_kernels, check_ranks, decompose
 from qnn_compile.native_log import NativeLog
 
 _STAGE = Stage.COMPILE
@@ -81,6 +82,8 @@ def lower_program(
     plus debug handles) so devtools' Inspector can map ETDump events back to source ops.
 
     Raises:
+        MissingKernelError: an operator left outside the delegates has no kernel in the
+            ExecuTorch runtime (or refuses the program's tensor ranks); names each and what to do.
         StageError: lowering or serialization failed; the message names the failing operator when
             the upstream error does (and, for QNN, the library's own error lines), and the
             upstream exception is chained.
@@ -99,6 +102,9 @@ def lower_program(
     native = NativeLog()
     try:
         with native.capture(), lowering.context():
+            # Ops the stock flow cannot run become ones it can, for every backend, before any
+            # backend pass or edge conversion sees them (qnn_compile.decompositions).
+            programs = {m: decompose(p, backend) for m, p in programs.items()}
             for aten_pass in lowering.aten_passes:
                 programs = {m: aten_pass(p) for m, p in programs.items()}
             transform_passes = None
@@ -137,12 +143,16 @@ def lower_program(
             ("; the backend said:\n  " + "\n  ".join(said[-10:])) if said else "",
         )
 
+    for method in programs:  # a 5-D convolution left outside a delegate fails at run time
+        check_ranks(edge.exported_program(method).graph_module)
     try:
         with native.capture():
             et_program = edge.to_executorch(executorch_config)
             pte = bytes(et_program.buffer)
     except Exception as exc:  # as above: named, chained, with the failing op if known
         raise _stage_error(f"serializing the {backend.value} program failed", exc, native) from exc
+    # Every operator left to the CPU must have a kernel: fail here, naming it, not when run.
+    check_kernels(et_program.executorch_program)
 
     if etrecord_path is not None:
         try:

@@ -46,7 +46,7 @@ from qnn_infer.gates import check_accuracy_gates, judge_accuracy
 from qnn_infer.generate import PteLm
 from qnn_infer.measure import measure_latency
 from qnn_infer.runner import HostRunner, Runner
-from qnn_infer.runtimes import delegates_in, prepare_runtime
+from qnn_infer.runtimes import delegates_in, prepare_runtime, set_cpu_threads
 
 PACKAGE = "qnn-infer"
 log = logging.getLogger(__name__)
@@ -119,9 +119,11 @@ def run_infer(inp: InferInput) -> InferOutput:
     etdump = out / ETDUMP if cfg.etdump else None
     host: HostRunner | None = None
     runner: Runner
+    threads: int | None = None  # the host's CPU threads; a device run uses the device's own
     if cfg.device is not None:  # InferConfig refuses etdump with a device
         runner = device_runner(pte, cfg, backends, runtime, arch)
     else:
+        threads = set_cpu_threads(cfg.threads)
         # Event tracing is switched on at load time; it also traces (and slows) the timed runs.
         runner = host = HostRunner(pte, example_inputs=flat[0], etdump_path=etdump)
     t = time.perf_counter()
@@ -149,6 +151,7 @@ def run_infer(inp: InferInput) -> InferOutput:
             # A bare .pte records nothing else about itself: the backends its delegates are for.
             **({} if upstream else {"delegates": sorted(b.value for b in backends)}),
             "runner": runner.name,
+            **({"threads": threads} if threads is not None else {}),
             **({"runtime": runtime.record} if runtime.record else {}),
             "samples": len(inputs),
             "latency_ms": {k.removesuffix("_ms"): v for k, v in latency.items()},
@@ -177,6 +180,7 @@ def _run_infer_causal_lm(
     runtime = prepare_runtime({target.backend})
     generation_cfg = cfg.generation or GenerationConfig()
     out = begin_artifact(inp.out_dir, inputs=[inp.source])
+    threads = set_cpu_threads(cfg.threads)
     lm = PteLm(pte, spec, rope_of(inp.source, upstream))
     t = time.perf_counter()
     accuracy = teacher_forced_accuracy(lm, inp.source, spec, have)
@@ -190,6 +194,7 @@ def _run_infer_causal_lm(
             "model": upstream.metrics.get("model"),
             "kind": "causal-lm",
             "runner": "host",
+            "threads": threads,
             "samples": len(load_samples(inp.source / EVAL_INPUTS)) if EVAL_INPUTS in have else 0,
             "latency_ms": generation_latency(generation),
             "accuracy": accuracy,

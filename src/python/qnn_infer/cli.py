@@ -46,6 +46,13 @@ def add_device_args(parser: argparse.ArgumentParser) -> None:
                         "qnn_executor_runner), for --device")
 
 
+def add_threads_arg(parser: argparse.ArgumentParser) -> None:
+    """--threads, shared with qnn-pipeline (its TOML key: infer.threads)."""
+    parser.add_argument("--threads", type=int, metavar="N",
+                        help="CPU threads of the runtime on the host (XNNPACK's threadpool; "
+                        "default: every core this process may use)")
+
+
 def add_inputs_arg(parser: argparse.ArgumentParser) -> None:
     """--inputs, shared with qnn-pipeline (there for `--from X.pte`, which brings none)."""
     parser.add_argument("--inputs", type=Path, metavar="FILE.pt",
@@ -123,6 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_inputs_arg(p)
     p.add_argument("--warmup", type=int, default=3, help="untimed runs first (default: 3)")
     p.add_argument("--runs", type=int, default=20, help="timed runs (default: 20)")
+    add_threads_arg(p)
     p.add_argument("--etdump", action="store_true", help="write an ETDump profile")
     add_device_args(p)
     add_accuracy_gate_args(p)
@@ -138,7 +146,7 @@ def _main(argv: Sequence[str] | None) -> int:
     check_output_writable(args.out, "--out")
     gates = {k: v for k, v in accuracy_gate_values(args).items() if v is not None}
     config = InferConfig(warmup=args.warmup, runs=args.runs, inputs_file=args.inputs,
-                         etdump=args.etdump, device=args.device,
+                         etdump=args.etdump, threads=args.threads, device=args.device,
                          device_runner=args.device_runner, **gates,
                          generation=_generation_config(args))
     from qnn_infer.api import run_infer  # torch is imported only past argument checks

@@ -9,6 +9,7 @@ program names.
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -65,3 +66,28 @@ def prepare_runtime(backends: set[Backend]) -> RuntimeInfo:
         qnn_sdk_root=sdk.root,
         qnn_bridged=sdk.bridged,
     )
+
+
+def cpu_threads(requested: int | None) -> int:
+    """The CPU threads a host run uses: `requested`, or every core this process may run on."""
+    if requested is not None:
+        return requested
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def set_cpu_threads(requested: int | None) -> int:
+    """Size the ExecuTorch runtime's threadpool (the one XNNPACK's kernels run on); return it.
+
+    The pool is process-wide: executorch 1.5.1's pybindings resize it with
+    `_unsafe_reset_threadpool` ("unsafe" while a method executes; this runs before any does).
+    Nothing happens when it already has that many threads.
+    """
+    from executorch.extension.pybindings import portable_lib
+
+    threads = cpu_threads(requested)
+    if portable_lib._threadpool_get_thread_count() != threads:
+        portable_lib._unsafe_reset_threadpool(threads)
+    return int(portable_lib._threadpool_get_thread_count())

@@ -33,6 +33,7 @@ from qnn_infer.cli import (
     add_device_args,
     add_generation_args,
     add_inputs_arg,
+    add_threads_arg,
     generation_values,
 )
 
@@ -44,6 +45,8 @@ EPILOG = """examples:
   qnn-pipeline --from model.pte --inputs inputs.pt  # a bare program: bring its inputs
   qnn-pipeline --config pipeline.toml --force
   qnn-pipeline --model tiny-llama --prompt "Once upon a time"   # KV-cache LLM, generates
+  qnn-pipeline sweep --model tiny-cnn,minilm --backend xnnpack,portable --recipe fp32,8a8w
+                                                   # a matrix on Ray: qnn-pipeline sweep --help
 
 """
 
@@ -77,6 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seq-len", type=int, help="token length for text models (default: 128)")
     p.add_argument("--calibration-samples", type=int, help="default: 16")
     p.add_argument("--runs", type=int, help="timed inference runs (default: 20)")
+    add_threads_arg(p)
     p.add_argument("--max-seq-len", type=int,
                    help="causal LMs with --prompt: context length of the KV cache "
                    "(default: min(512, max_position_embeddings))")
@@ -120,7 +124,8 @@ def context_from_args(args: argparse.Namespace) -> PipelineContext:
                     "kv_cache": True if generation is not None else None,
                     "max_seq_len": args.max_seq_len, "prefill_len": args.prefill_len},
         "compile": {"htp_performance_mode": args.htp_performance_mode},
-        "infer": {"runs": args.runs, "device": args.device, "inputs_file": args.inputs,
+        "infer": {"runs": args.runs, "threads": args.threads, "device": args.device,
+                  "inputs_file": args.inputs,
                   "device_runner": None if args.device_runner is None else str(args.device_runner),
                   "generation": generation, **accuracy_gate_values(args)},
     }
@@ -163,6 +168,11 @@ def _main(argv: Sequence[str] | None) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["sweep"]:
+        from qnn_pipeline.sweep_cli import sweep_main
+
+        return run_cli(sweep_main, args[1:])
     return run_cli(_main, argv)
 
 

@@ -279,7 +279,10 @@ def build_summary(
             "p50": metric(Stage.INFER, "latency_ms", "p50"),
             "p90": metric(Stage.INFER, "latency_ms", "p90"),
         },
+        # Compute ops that read a dequantized tensor, in all and by ATen op (e.g. {"linear": 36,
+        # "add": 12}): what the recipe really quantized (null for a float program).
         "quantized_ops": metric(Stage.QUANTIZE, "quantized_ops"),
+        "quantized_op_kinds": metric(Stage.QUANTIZE, "quantized_op_kinds"),
         "pte_bytes": metric(Stage.COMPILE, "pte_bytes"),
         "delegated_ops": metric(Stage.COMPILE, "delegated_ops"),
         "non_delegated_ops": metric(Stage.COMPILE, "non_delegated_ops"),
@@ -335,6 +338,12 @@ def format_summary(summary: dict[str, Any]) -> str:
         f"latency p50 {num(lat['p50'], '.3f')} ms, p90 {num(lat['p90'], '.3f')} ms; "
         f".pte {num(summary['pte_bytes'], ',')} bytes"
     )
+    kinds = summary.get("quantized_op_kinds")
+    if summary.get("quantized_ops") is not None:
+        by_kind = ", ".join(f"{k} {n}" for k, n in (kinds or {}).items())
+        lines.append(
+            f"quantized ops: {summary['quantized_ops']}" + (f" ({by_kind})" if by_kind else "")
+        )
     gen = summary.get("generation")
     if gen:
         lines.append(

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
+import importlib.resources
 import logging
-import shutil
-import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -26,28 +24,19 @@ from qnn_common.manifest import (
 )
 from qnn_common.stages import (
     CALIBRATION,
+    DEFAULT_METHOD,
     EVAL_INPUTS,
     PROGRAM,
     REFERENCE_FP32,
-    ROPE_TABLE,
-    TOKENIZER_DIR,
     PrepareInput,
     PrepareOutput,
     method_program,
 )
-from qnn_common.tensorio import (
-    ModelInputs,
-    Sample,
-    flatten_outputs,
-    save_program,
-    save_samples,
-)
-from qnn_prepare.calibration import calibration_summary, make_inputs
-from qnn_prepare.causal_lm import TINY_DECODERS, eager_logits, export_methods, load_causal_lm
-from qnn_prepare.causal_lm import text_sequences as lm_text_sequences
-from qnn_prepare.kv_io import export_kv_io_methods, kv_layout
-from qnn_prepare.models import BUILTIN_MODELS, export_program, is_factory_spec, load_model
+from qnn_common.tensorio import save_program, save_samples
+from qnn_prepare.factory import is_factory_spec
+from qnn_prepare.models import BUILTIN_MODELS, task_for
 from qnn_prepare.provenance import factory_digest
+from qnn_prepare.tiny_decoders import TINY_DECODERS, weights_resource
 
 PACKAGE = "qnn-prepare"
 log = logging.getLogger(__name__)
@@ -64,7 +53,11 @@ def source_digests(config: PrepareConfig) -> dict[str, str]:
 def _model_digest(spec: str) -> str:
     spec = spec.strip()
     path = Path(spec).expanduser()
-    if spec not in BUILTIN_MODELS and spec not in TINY_DECODERS and path.is_dir():
+    if spec in TINY_DECODERS:
+        # Their weights are package data, which the code version does not cover.
+        weights = importlib.resources.files("qnn_prepare").joinpath(weights_resource(spec))
+        return hashlib.sha256(spec.encode() + weights.read_bytes()).hexdigest()
+    if spec not in BUILTIN_MODELS and path.is_dir():
         h = hashlib.sha256()
         for f in sorted(p for p in path.rglob("*") if p.is_file()):
             h.update(str(f.relative_to(path)).encode())
@@ -83,160 +76,36 @@ def prepare_cache_key(config: PrepareConfig) -> str:
 
 
 def run_prepare(inp: PrepareInput) -> PrepareOutput:
-    """Load, export, sample and seal: writes program.pt2, calibration and eval inputs, fp32
-    reference outputs, tokenizer files, and manifest.json into `inp.out_dir`."""
+    """Export the model with the task that takes it (`qnn_prepare.models.task_for`) and seal
+    the artifact: one program per method (``program.pt2`` for a single-method model), the
+    calibration and eval inputs, the fp32 reference outputs, tokenizer files and the manifest."""
     cfg = inp.config
-    if cfg.kv_cache:
-        return _run_prepare_causal_lm(inp)
-    out = begin_artifact(inp.out_dir, inputs=[cfg.calibration_file, Path(cfg.model)])
-    timings: dict[str, float] = {}
+    task = task_for(cfg)
     torch.manual_seed(cfg.seed)
-
-    t = time.perf_counter()
-    model = load_model(cfg.model, seq_len=cfg.seq_len, seed=cfg.seed)
-    timings["load_s"] = time.perf_counter() - t
-    log.info("loaded %s (%s, %d inputs)", model.name, model.kind, len(model.example_inputs))
-
-    t = time.perf_counter()
-    program = export_program(model)
-    timings["export_s"] = time.perf_counter() - t
-    log.info("exported %s in %.1f s", model.name, timings["export_s"])
-
-    calibration = make_inputs(
-        model, num_samples=cfg.calibration_samples, source=cfg.calibration_file, seed=cfg.seed
-    )
-    # Held out from calibration (another seed): the example input first, then fresh samples.
-    extra = cfg.eval_samples - 1
-    eval_inputs = [model.example]
-    if extra:
-        eval_inputs += make_inputs(
-            model, num_samples=extra, source=None, seed=cfg.seed + 1, include_example=False
-        )
-
-    t = time.perf_counter()
-    module = program.module()
-    with torch.no_grad():
-        # On copies: a model that updates its inputs in place would otherwise change the eval
-        # inputs saved below (which would then hold f(x), not x).
-        reference = [_call(module, sample) for sample in eval_inputs]
-    timings["reference_s"] = time.perf_counter() - t
-
-    save_program(out / PROGRAM, program)
-    save_samples(out / CALIBRATION, calibration)
-    save_samples(out / EVAL_INPUTS, eval_inputs)
-    save_samples(out / REFERENCE_FP32, reference)
-    files = [PROGRAM, CALIBRATION, EVAL_INPUTS, REFERENCE_FP32]
-    files += _copy_tokenizer(model.tokenizer_files, out / TOKENIZER_DIR)
-
-    digests = source_digests(cfg)
-    manifest = _seal(
-        out, cfg, digests, files, timings,
-        metrics={
-            "model": model.name,
-            "kind": model.kind,
-            "input_names": list(model.input_names),
-            "output_names": list(model.output_names),
-            "input_shapes": [
-                {"shape": list(x.shape), "dtype": str(x.dtype)}
-                if isinstance(x, torch.Tensor)
-                else {"value": x}
-                for x in model.example.leaves()
-            ],
-            # What the program's flat inputs (above, in order) are the leaves of.
-            **({} if model.example.is_flat() else {"input_structure": model.example.describe()}),
-            "parameters": sum(p.numel() for p in model.module.parameters()),
-            "calibration_samples": len(calibration),
-            "eval_samples": len(eval_inputs),
-            "calibration": calibration_summary(model, calibration, cfg.calibration_file),
-        },
-    )
-    return PrepareOutput(inp.out_dir, manifest)
-
-
-def _call(module: torch.nn.Module, sample: ModelInputs) -> Sample:
-    """`module` on a copy of `sample`, its outputs flattened."""
-    inputs = sample.clone()
-    return flatten_outputs(module(*inputs.args, **inputs.kwargs))
-
-
-def _copy_tokenizer(files: tuple[Path, ...], dest: Path) -> list[str]:
-    if not files:
-        return []
-    if dest.exists():
-        shutil.rmtree(dest)
-    dest.mkdir(parents=True)
-    names = []
-    for f in files:
-        shutil.copyfile(f, dest / f.name)
-        names.append(f"{TOKENIZER_DIR}/{f.name}")
-    return names
-
-
-def _run_prepare_causal_lm(inp: PrepareInput) -> PrepareOutput:
-    """The causal-LM task: prefill + decode programs, text calibration, teacher-forced logits of
-    the eager HF model as the reference, the tokenizer and chat template."""
-    cfg = inp.config
-    timings: dict[str, float] = {}
-    torch.manual_seed(cfg.seed)
-    t = time.perf_counter()
-    lm = load_causal_lm(
-        cfg.model, max_seq_len=cfg.max_seq_len, prefill_len=cfg.prefill_len, seed=cfg.seed
-    )
-    timings["load_s"] = time.perf_counter() - t
-    spec = lm.spec
+    exported = task.export(cfg)
     out = begin_artifact(inp.out_dir, inputs=[cfg.calibration_file, Path(cfg.model)])
-
-    t = time.perf_counter()
-    if cfg.kv_io:
-        programs, rope = export_kv_io_methods(lm)
-        spec = dataclasses.replace(spec, kv_layout=kv_layout(lm))
-    else:
-        programs, rope = export_methods(lm), None
-    timings["export_s"] = time.perf_counter() - t
-    log.info("exported %s (%s) in %.1f s", lm.name, ", ".join(programs), timings["export_s"])
-
-    # Windows of two prefill chunks: every sample crosses a chunk boundary, so calibration and
-    # the teacher-forced eval see the cache being read, not only written.
-    length = min(spec.max_seq_len, 2 * spec.prefill_len)
-    calibration = lm_text_sequences(lm, cfg.calibration_samples, length)
-    eval_tokens = lm_text_sequences(lm, cfg.eval_samples, length, offset=cfg.calibration_samples)
-    t = time.perf_counter()
-    reference = eager_logits(lm, eval_tokens)
-    timings["reference_s"] = time.perf_counter() - t
-
+    methods = list(exported.programs)
+    single = methods == [DEFAULT_METHOD]
     files = []
-    for method, program in programs.items():
-        save_program(out / method_program(method), program)
-        files.append(method_program(method))
-    save_samples(out / CALIBRATION, [(s,) for s in calibration])
-    save_samples(out / EVAL_INPUTS, [(s,) for s in eval_tokens])
-    save_samples(out / REFERENCE_FP32, [(r,) for r in reference])
+    for method, program in exported.programs.items():
+        name = PROGRAM if single else method_program(method)
+        save_program(out / name, program)
+        files.append(name)
+    save_samples(out / CALIBRATION, list(exported.calibration))
+    save_samples(out / EVAL_INPUTS, list(exported.eval_inputs))
+    save_samples(out / REFERENCE_FP32, list(exported.reference))
     files += [CALIBRATION, EVAL_INPUTS, REFERENCE_FP32]
-    if rope is not None:
-        save_samples(out / ROPE_TABLE, [rope])
-        files.append(ROPE_TABLE)
-    for name, data in sorted(lm.tokenizer_files.items()):
-        atomic_write_bytes(out / TOKENIZER_DIR / name, data)
-        files.append(f"{TOKENIZER_DIR}/{name}")
-
-    digests = source_digests(cfg)
+    for name, table in sorted(exported.tables.items()):
+        save_samples(out / name, list(table))
+        files.append(name)
+    for name, data in sorted(exported.files.items()):
+        atomic_write_bytes(out / name, data)
+        files.append(name)
+    metrics = {"task": task.name, **exported.metrics}
+    if not single:
+        metrics["methods"] = methods
     manifest = _seal(
-        out, cfg, digests, files, timings,
-        metrics={
-            "model": lm.name,
-            "kind": "causal-lm",
-            "methods": list(programs),
-            "llm": spec.to_json(),
-            "input_names": ["input_ids", "cache_position"],
-            "output_names": ["logits"],
-            "parameters": sum(p.numel() for p in lm.hf.parameters()),
-            "calibration_samples": len(calibration),
-            "eval_samples": len(eval_tokens),
-            "calibration": {
-                "source": "text: Alice's Adventures in Wonderland, ch. 1 (public domain)",
-                "tokens_per_sample": length,
-            },
-        },
+        out, cfg, source_digests(cfg), files, exported.timings, metrics=metrics
     )
     return PrepareOutput(inp.out_dir, manifest)
 

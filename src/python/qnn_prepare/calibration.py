@@ -38,7 +38,7 @@ import torch
 
 from qnn_common.errors import ArtifactError, ConfigValidationError
 from qnn_common.tensorio import ModelInputs, Sample, as_model_inputs, load_inputs
-from qnn_prepare.models import LoadedModel
+from qnn_prepare.task import LoadedModel
 
 # Varied English: questions, instructions, news, science, dialogue, lists and numbers, short and
 # long, so that calibration sees both mostly-padding and nearly-full sequences.

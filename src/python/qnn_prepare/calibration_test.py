@@ -14,7 +14,8 @@ from qnn_prepare.calibration import (
     random_samples,
     tokenize_like,
 )
-from qnn_prepare.models import LoadedModel, load_model
+from qnn_prepare.models import load_model
+from qnn_prepare.task import LoadedModel
 
 SEQ = 24
 

@@ -7,15 +7,13 @@ module, so their weights and cache buffers have the same names; compile lowers t
 .pte in which the cache is shared (`share_mutable_buffers`).
 
 Sources: a local Hugging Face directory of any decoder transformers' Auto classes know, or the
-built-ins `tiny-llama` and `tiny-qwen` (seeded random weights, a byte-level tokenizer).
+built-ins `tiny-llama` and `tiny-qwen` (`qnn_prepare.tiny_decoders`).
 """
 
 from __future__ import annotations
 
-import importlib.resources
 import json
 import tempfile
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,16 +23,17 @@ from torch import nn
 
 from qnn_common.errors import ArtifactError, ConfigValidationError
 from qnn_common.llm import DECODE, PREFILL, LlmSpec, check_fits
+from qnn_prepare.tiny_decoders import (
+    TINY_CONTEXT,
+    TINY_DECODERS,
+    byte_tokenizer,
+    save_tiny_decoder,
+    text_bytes,
+)
 
 # Context length when neither the user nor a small model's config asks for less.
 DEFAULT_MAX_SEQ_LEN = 512
 DEFAULT_PREFILL_LEN = 32
-
-TINY_CONTEXT = 128  # max_position_embeddings of the built-in tiny decoders
-TINY_DECODERS: dict[str, str] = {
-    "tiny-llama": "Llama decoder (2 layers, hidden 64, byte vocab), seeded random weights",
-    "tiny-qwen": "Qwen2 decoder (2 layers, hidden 64, byte vocab), seeded random weights",
-}
 
 # Files that define the tokenizer and chat template, copied into the artifact.
 TOKENIZER_FILES = (
@@ -42,8 +41,6 @@ TOKENIZER_FILES = (
     "vocab.json", "merges.txt", "tokenizer.model", "chat_template.jinja",
     "generation_config.json", "config.json",
 )
-
-_EOS = "<|endoftext|>"
 
 
 @dataclass(frozen=True)
@@ -61,61 +58,6 @@ class CausalLm:
         if self.tokenizer is None:
             return [b % self.spec.vocab_size for b in text.encode("utf-8")]
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
-
-
-def byte_tokenizer() -> Any:
-    """A byte-level BPE tokenizer without merges: 256 byte tokens plus an end-of-text token.
-
-    Written as tokenizer.json and loaded by transformers, which keeps the `tokenizers` package
-    (a dependency of transformers, not of this project) out of our imports.
-    """
-    from transformers import PreTrainedTokenizerFast
-    from transformers.convert_slow_tokenizer import bytes_to_unicode
-
-    vocab = {char: byte for byte, char in bytes_to_unicode().items()}
-    vocab[_EOS] = 256
-    spec: dict[str, Any] = {
-        "version": "1.0", "truncation": None, "padding": None, "normalizer": None,
-        "post_processor": None,
-        "added_tokens": [{"id": 256, "content": _EOS, "single_word": False, "lstrip": False,
-                          "rstrip": False, "normalized": False, "special": True}],
-        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
-                          "use_regex": False},
-        "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True,
-                    "use_regex": True},
-        "model": {"type": "BPE", "dropout": None, "unk_token": None,
-                  "continuing_subword_prefix": None, "end_of_word_suffix": None,
-                  "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
-                  "vocab": vocab, "merges": []},
-    }
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "tokenizer.json"
-        path.write_text(json.dumps(spec), encoding="utf-8")
-        return PreTrainedTokenizerFast(tokenizer_file=str(path), eos_token=_EOS, pad_token=_EOS)
-
-
-def save_tiny_decoder(name: str, directory: Path, seed: int = 1126) -> Path:
-    """Write a built-in tiny decoder (seeded weights + byte tokenizer) as a HF directory."""
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
-
-    shape = dict(
-        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, vocab_size=257, max_position_embeddings=TINY_CONTEXT,
-        eos_token_id=256, pad_token_id=256,
-    )
-    builders: dict[str, Callable[[], nn.Module]] = {
-        "tiny-llama": lambda: LlamaForCausalLM(LlamaConfig(**shape)),
-        "tiny-qwen": lambda: Qwen2ForCausalLM(Qwen2Config(**shape)),
-    }
-    if name not in builders:
-        raise ConfigValidationError(
-            "model", name, "not a built-in decoder", allowed=tuple(builders)
-        )
-    torch.manual_seed(seed)
-    model = builders[name]()
-    model.save_pretrained(directory)  # type: ignore[operator]  # PreTrainedModel method
-    byte_tokenizer().save_pretrained(directory)
-    return directory
 
 
 def is_causal_lm_dir(path: Path) -> bool:
@@ -140,6 +82,13 @@ def load_causal_lm(
             directory = save_tiny_decoder(spec, Path(tmp) / spec, seed=seed)
             return _load_dir(directory, spec, max_seq_len, prefill_len)
     path = Path(spec).expanduser()
+    if not path.is_dir() and "/" not in spec and not spec.startswith((".", "~")):
+        raise ConfigValidationError(
+            "model", spec,
+            "a KV-cache export (--prompt, kv_cache) needs a causal LM: a built-in decoder or a "
+            "local Hugging Face *ForCausalLM directory",
+            allowed=tuple(TINY_DECODERS),
+        )
     if not path.is_dir():
         raise ArtifactError(path, "not a directory; pass a local Hugging Face causal-LM directory")
     if not is_causal_lm_dir(path):
@@ -300,10 +249,13 @@ def eager_logits(lm: CausalLm, sequences: list[torch.Tensor]) -> list[torch.Tens
 def text_sequences(lm: CausalLm, count: int, length: int, offset: int = 0) -> list[torch.Tensor]:
     """`count` token windows of `length` from the shipped public-domain text (Alice's
     Adventures in Wonderland, ch. 1), starting `offset` windows in; wraps around the text."""
-    text = importlib.resources.files("qnn_prepare").joinpath("data/calibration_text.txt")
-    ids = lm.encode(text.read_text(encoding="utf-8"))
+    ids = lm.encode(text_bytes().decode("utf-8"))
     if len(ids) < length:
-        raise ArtifactError(Path(str(text)), f"tokenizes to {len(ids)} tokens, need {length}")
+        raise ConfigValidationError(
+            "prepare.max_seq_len", length,
+            f"the shipped text tokenizes to {len(ids)} tokens, too few for samples of {length}; "
+            "use a smaller --max-seq-len / --prefill-len",
+        )
     stride = max(1, length // 2)
     out = []
     for i in range(offset, offset + count):

@@ -8,17 +8,14 @@ from pathlib import Path
 import pytest
 import torch
 
+from qnn_common.config import PrepareConfig
 from qnn_common.errors import ArtifactError, ConfigValidationError
 from qnn_common.llm import MASK_VALUE
-from qnn_prepare.models import (
-    BUILTIN_MODELS,
-    LoadedModel,
-    _CausalLm,
-    export_program,
-    list_models,
-    load_model,
-    save_tiny_llama,
-)
+from qnn_common.stages import PROGRAM, PrepareInput, method_program
+from qnn_prepare.lm_task import LogitsLm
+from qnn_prepare.models import BUILTIN_MODELS, TASKS, list_models, load_model, task_for
+from qnn_prepare.task import LoadedModel, export_program
+from qnn_prepare.tiny_decoders import save_tiny_llama
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +58,7 @@ def test_tiny_cnn_is_seeded_and_exports() -> None:
 
 def test_minilm_matches_sentence_transformers(minilm: LoadedModel) -> None:
     sentence_transformers = pytest.importorskip("sentence_transformers")
-    from qnn_prepare.models import _minilm_dir
+    from qnn_prepare.encoder import minilm_dir
 
     assert minilm.kind == "text-encoder"
     assert minilm.input_names == ("input_ids", "attention_mask")
@@ -74,7 +71,7 @@ def test_minilm_matches_sentence_transformers(minilm: LoadedModel) -> None:
     assert all(p.is_file() for p in minilm.tokenizer_files)
 
     sentences = ["How do I reset my password?", "The cat sat on the mat, purring quietly."]
-    st_model = sentence_transformers.SentenceTransformer(str(_minilm_dir()), device="cpu")
+    st_model = sentence_transformers.SentenceTransformer(str(minilm_dir()), device="cpu")
     expected = torch.from_numpy(st_model.encode(sentences))
     with torch.no_grad():
         got = torch.cat(
@@ -121,7 +118,7 @@ def test_tiny_llama_dir_loads_as_causal_lm(tiny_llama_dir: Path) -> None:
         logits = ep.module()(ids)
         assert logits.shape == (1, 16, 256)
         # The constant causal mask is the model's causal attention: compare with HF's own.
-        assert isinstance(model.module, _CausalLm)
+        assert isinstance(model.module, LogitsLm)
         reference = model.module.hf(input_ids=ids, use_cache=False).logits
     torch.testing.assert_close(logits, reference, atol=1e-4, rtol=1e-4)
 
@@ -222,3 +219,41 @@ def test_bad_factories(factory_module: str, func: str, message: str) -> None:
 def test_unimportable_factory() -> None:
     with pytest.raises(ConfigValidationError, match="cannot import"):
         load_model("no_such_package_xyz.models:build")
+
+
+def test_each_spec_goes_to_its_task(tiny_llama_dir: Path, factory_module: str) -> None:
+    def task(spec: str, **kw: object) -> str:
+        return task_for(PrepareConfig(model=spec, **kw)).name  # type: ignore[arg-type]
+
+    assert task("tiny-cnn") == "vision"
+    assert task("minilm") == "text-encoder"
+    assert task("tiny-llama") == task(str(tiny_llama_dir)) == "causal-lm"
+    assert task("tiny-qwen", kv_cache=True) == "causal-lm"
+    assert task(f"{factory_module}:good") == "custom"
+    # Every built-in belongs to exactly one task.
+    owners = [name for t in TASKS for name in t.builtins()]
+    assert sorted(owners) == sorted(BUILTIN_MODELS) and len(owners) == len(set(owners))
+
+
+def test_a_kv_cache_export_of_a_non_decoder_says_why(tmp_path: Path) -> None:
+    from qnn_prepare.api import run_prepare
+
+    with pytest.raises(ConfigValidationError, match="needs a causal LM"):
+        run_prepare(PrepareInput(PrepareConfig(model="tiny-cnn", kv_cache=True), tmp_path / "o"))
+
+
+def test_the_manifest_names_the_task_and_lists_methods(tmp_path: Path) -> None:
+    from qnn_prepare.api import run_prepare
+
+    single = run_prepare(PrepareInput(PrepareConfig(model="tiny-cnn", calibration_samples=2,
+                                                    eval_samples=1), tmp_path / "cnn"))
+    assert single.manifest.metrics["task"] == "vision" and "methods" not in single.manifest.metrics
+    assert (tmp_path / "cnn" / PROGRAM).is_file()
+    lm = run_prepare(PrepareInput(
+        PrepareConfig(model="tiny-llama", kv_cache=True, max_seq_len=16, prefill_len=4,
+                      calibration_samples=1, eval_samples=1),
+        tmp_path / "lm",
+    ))
+    assert lm.manifest.metrics["task"] == "causal-lm"
+    assert lm.manifest.metrics["methods"] == ["prefill", "decode"]
+    assert all((tmp_path / "lm" / method_program(m)).is_file() for m in ("prefill", "decode"))

@@ -48,8 +48,8 @@ from qnn_common.tensorio import (
     save_samples,
 )
 from qnn_quant.methods import module_runner, quantize_causal_lm
-from qnn_quant.pt2e import quantize_program, quantized_op_count
-from qnn_quant.report import accuracy_report
+from qnn_quant.pt2e import quantize_program, quantized_op_count, quantized_op_kinds
+from qnn_quant.report import accuracy_report_and_outputs
 
 PACKAGE = "qnn-quant"
 log = logging.getLogger(__name__)
@@ -88,16 +88,15 @@ def run_quantize(inp: QuantizeInput) -> QuantizeOutput:
     log.info("quantized to %s for %s in %.1f s", cfg.recipe, cfg.target, timings["quantize_s"])
 
     t = time.perf_counter()
-    module = quantized.module()
-    with torch.no_grad():
-        # Copies: a model that updates an input in place must not change the eval inputs.
-        fake_quant = [_call(module, s) for s in eval_inputs]
+    # The fp32 outputs on the eval inputs were computed (and sealed) by prepare: not again here.
+    reference = load_samples(inp.source / REFERENCE_FP32)
     if any(s.kwargs for s in eval_inputs):
         # accuracy_report calls the programs positionally; keyword-only inputs get the output
         # comparison alone (the per-layer view needs positional inputs).
+        module = quantized.module()
         with torch.no_grad():
-            fp32_module = program.module()
-            reference = [_call(fp32_module, s) for s in eval_inputs]
+            # Copies: a model that updates an input in place must not change the eval inputs.
+            fake_quant = [_call(module, s) for s in eval_inputs]
         report = {
             "num_samples": len(eval_inputs),
             "vs_fp32": compare_samples(reference, fake_quant),
@@ -105,8 +104,12 @@ def run_quantize(inp: QuantizeInput) -> QuantizeOutput:
             "layers_compared": 0,
         }
     else:
+        # One pass of each program per sample: the per-layer capture and the fake-quant
+        # reference ride on the same forward (the fp32 one only when layers are compared).
         args = [tuple(s.args) for s in eval_inputs]
-        report = accuracy_report(program, quantized, args, top_k=cfg.report_layers)
+        report, fake_quant = accuracy_report_and_outputs(
+            program, quantized, args, top_k=cfg.report_layers, fp32_outputs=reference
+        )
     timings["report_s"] = time.perf_counter() - t
 
     save_program(out / PROGRAM, quantized)
@@ -123,6 +126,7 @@ def run_quantize(inp: QuantizeInput) -> QuantizeOutput:
         metrics={
             "model": src.metrics.get("model"),
             "quantized_ops": quantized_op_count(quantized.graph_module),
+            "quantized_op_kinds": quantized_op_kinds(quantized.graph_module),
             "accuracy": report,
         },
     )
@@ -182,10 +186,20 @@ def _run_quantize_causal_lm(inp: QuantizeInput, src: Manifest, spec: LlmSpec) ->
             "methods": list(quantized),
             "llm": spec.to_json(),
             "quantized_ops": sum(quantized_op_count(p.graph_module) for p in quantized.values()),
+            "quantized_op_kinds": _merged_kinds(quantized.values()),
             "accuracy": {"vs_fp32": logits_accuracy(reference, fake_quant)},
         },
     )
     return QuantizeOutput(inp.out_dir, manifest)
+
+
+def _merged_kinds(programs: Any) -> dict[str, int]:
+    """`quantized_op_kinds` summed over several methods' programs."""
+    total: dict[str, int] = {}
+    for program in programs:
+        for kind, n in quantized_op_kinds(program.graph_module).items():
+            total[kind] = total.get(kind, 0) + n
+    return dict(sorted(total.items()))
 
 
 def _seal(

@@ -39,8 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--per-tensor", action="store_true",
                    help="per-tensor weights instead of per-channel")
     p.add_argument("--keep-float", action="append", metavar="REGEX",
-                   help="leave layers whose module path matches in float (repeatable); default: "
-                   "FFN down-projections for 8-bit activations")
+                   help="leave layers whose module path matches in float (repeatable); default at "
+                   "8-bit activations: BERT FFN down-projections, and on xnnpack / portable "
+                   "also the residual stream's adds (qnn_quant.pt2e.default_keep_float)")
     p.add_argument("--quantize-all", action="store_true",
                    help="quantize every layer the quantizer can (no float layers)")
     p.add_argument("--block-size", type=int, default=DEFAULT_LPBQ_BLOCK,

@@ -12,12 +12,19 @@ One choice holds for every backend: under 8-bit activations `OUTLIER_LAYERS` sta
 the caller says otherwise. BERT-family FFN down projections (BertOutput.dense) are where a few
 outlier channels are written (|x| ~ 200 in all-MiniLM-L6-v2, against a typical 1; Bondarenko et
 al. 2021, "Understanding and Overcoming the Challenges of Efficient Transformer Quantization"); an
-int8 scale for their output is ~200x too coarse for the rest. Measured on all-MiniLM-L6-v2,
-XNNPACK 8a8w, 8 built-in calibration sentences, 8 held-out ones, seq 32, embedding cosine vs fp32
-(mean, worst): upstream's global config 0.841, 0.706; linear and conv only 0.936, 0.851; also
-these six linears in float (the default) 0.993, 0.978 (seq 128: 0.989, 0.963). 16-bit activations
-have the range to spare, so those recipes quantize them. On QNN a float layer runs outside the HTP
-(a partition break): pass ``keep_float=()`` to trade that accuracy for one partition.
+int8 scale for their output is ~200x too coarse for the rest, and the residual stream carries
+those channels through every residual add (BertOutput, BertSelfOutput), the embeddings' sum and
+the attention scores' scale and mask adds. Measured on all-MiniLM-L6-v2, XNNPACK 8a8w, 8 built-in
+calibration sentences, 8 held-out ones, seq 32, embedding cosine vs fp32 (mean, worst): upstream's
+global config 0.841, 0.706; its linear / conv only 0.936, 0.851; the global config (what XNNPACK's
+quantizer here annotates, 2026-11-30) with the six FFN down projections in float 0.830, also
+their residual adds 0.984, 0.963, also the attention residual adds 0.986, 0.968, also the
+embeddings 0.987, 0.964, also the attention scores (the XNNPACK / portable default) 0.993, 0.977;
+the linear-only quantizer with the six projections in float measured 0.993, 0.978: no
+regression. On QNN the default stays the six projections (`OUTLIER_LAYERS`): a float layer runs
+outside the HTP (a partition break), and QNN's quantizer always annotated the adds; pass
+``keep_float=()`` there to trade that accuracy for one partition. 16-bit activations have the
+range to spare, so those recipes quantize everything.
 """
 
 from __future__ import annotations
@@ -33,16 +40,36 @@ from tqdm import tqdm
 
 from qnn_common.config import DEFAULT_LPBQ_BLOCK
 from qnn_common.errors import ConfigValidationError
-from qnn_common.recipes import Recipe, check_recipe
+from qnn_common.recipes import Backend, Recipe, check_recipe
 from qnn_common.target import Target
 from qnn_common.tensorio import ModelInputs, as_model_inputs
+from qnn_quant.graph_rewrites import constant_matmuls_as_linear
 from qnn_quant.quantizers import QuantizerSpec, quantizer_for
 
 log = logging.getLogger(__name__)
 
 # Layers left in float under 8-bit activations by default (regular expressions searched in the
 # nn.Module path). See the module docstring for why and for the measurements.
-OUTLIER_LAYERS: tuple[str, ...] = (r"encoder\.layer\.\d+\.output\.dense$",)
+OUTLIER_LAYERS: tuple[str, ...] = (
+    r"encoder\.layer\.\d+\.output\.dense$",  # the FFN down projections that write the outliers
+)
+# Also left in float on XNNPACK / portable, whose quantizer annotates adds and muls: the ops the
+# outlier channels flow through (see the module docstring).
+RESIDUAL_STREAM: tuple[str, ...] = (
+    r"encoder\.layer\.\d+\.output$",  # the FFN residual add (BertOutput)
+    r"encoder\.layer\.\d+\.attention\.output$",  # the attention residual add (BertSelfOutput)
+    r"attention\.self$",  # attention scores: scale and additive mask
+    r"(^|\.)embeddings$",  # word + position + token type sum (BertEmbeddings)
+)
+
+def default_keep_float(target: Target, recipe: Recipe) -> tuple[str, ...]:
+    """The layers left in float when the caller names none (the module docstring says why)."""
+    if recipe.activation_bits != 8:
+        return ()
+    if target.backend is Backend.QNN:
+        return OUTLIER_LAYERS
+    return OUTLIER_LAYERS + RESIDUAL_STREAM
+
 
 def quantize_program(
     ep: ExportedProgram,
@@ -59,8 +86,9 @@ def quantize_program(
 
     The target's SoC (QNN) decides which recipes are legal; the rules are checked before any work.
     `keep_float` holds regular expressions searched in each node's nn.Module path (e.g.
-    ``^head$``); matching layers stay in float. None means `OUTLIER_LAYERS` for 8-bit activation
-    recipes and nothing otherwise; pass ``()`` to quantize every layer the quantizer supports.
+    ``^head$``); matching layers stay in float. None means `default_keep_float` (BERT-family
+    outlier layers at 8-bit activations, nothing otherwise); pass ``()`` to quantize every layer
+    the quantizer supports.
     Raises ConfigValidationError for float recipes, recipes the backend cannot run, bad patterns
     and calibration samples that do not fit the program. A sample is a tuple of positional
     arguments, or `ModelInputs` for a program that takes keyword arguments.
@@ -95,17 +123,22 @@ def prepare_program(
     """
     _check_quantizable(target, recipe)
     if keep_float is None:
-        keep_float = OUTLIER_LAYERS if recipe.activation_bits == 8 else ()
+        keep_float = default_keep_float(target, recipe)
     patterns = _compile_patterns(keep_float)
 
     # Imported here: torchao and executorch take seconds to import and are only needed now.
     from torchao.quantization.pt2e.quantize_pt2e import prepare_pt2e
 
     graph_module = ep.module()
+    rewritten = constant_matmuls_as_linear(graph_module)
+    if rewritten:
+        log.info("%d constant-weight addmm / mm / matmul rewritten as linear", rewritten)
     float_nodes = _nodes_under(graph_module, patterns)
     spec = QuantizerSpec(target, recipe, per_channel, block_size, float_nodes)
     quantizer = quantizer_for(spec, graph_module)
     prepared: torch.fx.GraphModule = prepare_pt2e(graph_module, quantizer)
+    if not any(_is_observer(n) for n in prepared.graph.nodes):
+        raise NothingQuantizedError(target, recipe, graph_module, len(float_nodes))
     return prepared
 
 
@@ -122,13 +155,7 @@ def convert_program(
 
     converted = convert_pt2e(prepared)
     if quantized_op_count(converted) == 0:
-        # Not an error yet: XNNPACK's quantizer is limited to linear / conv / pooling families
-        # here (residual adds stay float on purpose), so add- or matmul-only models get nothing.
-        # The manifest and summary count the quantized ops, so the label cannot mislead.
-        log.warning(
-            "the %s quantizer found no op it quantizes in this model: the %s program stays float",
-            target, recipe.value,
-        )
+        raise NothingQuantizedError(target, recipe, converted, 0)
     example_args, example_kwargs = _example_inputs(ep, samples)
     return torch.export.export(converted, example_args, example_kwargs, strict=False)
 
@@ -140,13 +167,78 @@ def _is_qdq(node: torch.fx.Node) -> bool:
     return node.op == "call_function" and str(node.target).split(".")[0] in _QDQ_NAMESPACES
 
 
-def quantized_op_count(gm: torch.fx.GraphModule) -> int:
-    """Compute ops that read a dequantized tensor: the ops a backend will run quantized."""
-    return sum(
-        1 for n in gm.graph.nodes
+def _is_observer(node: torch.fx.Node) -> bool:
+    # prepare_pt2e names every observer (or fake-quant) module it inserts so.
+    return node.op == "call_module" and str(node.target).startswith("activation_post_process")
+
+
+def _output_quantized(node: torch.fx.Node, hops: int = 3) -> bool:
+    """Whether `node`'s output is quantized, directly or after a fused chain of single-user ops
+    (conv -> batch norm -> relu -> quantize: the pattern is one quantized op)."""
+    for _ in range(hops):
+        if any(_is_qdq(u) and "dequantize" not in str(u.target) for u in node.users):
+            return True
+        if len(node.users) != 1:
+            return False
+        (node,) = node.users
+        if node.op != "call_function" or _is_qdq(node):
+            return False
+    return False
+
+
+def _quantized_nodes(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
+    """Ops between q/dq pairs: they read a dequantized tensor and their output is quantized."""
+    return [
+        n for n in gm.graph.nodes
         if n.op == "call_function" and not _is_qdq(n)
         and any(_is_qdq(a) and "dequantize" in str(a.target) for a in n.all_input_nodes)
-    )
+        and _output_quantized(n)
+    ]
+
+
+def quantized_op_count(gm: torch.fx.GraphModule) -> int:
+    """Ops that read a dequantized tensor and whose output is quantized (a fused relu / batch
+    norm in between allowed): the ops a backend runs quantized. Float ops that merely consume a
+    quantized layer's output are not counted."""
+    return len(_quantized_nodes(gm))
+
+
+def quantized_op_kinds(gm: torch.fx.GraphModule) -> dict[str, int]:
+    """`quantized_op_count` by ATen op name (``linear``, ``add``, ``cat`` ...), sorted by name."""
+    counts: dict[str, int] = {}
+    for node in _quantized_nodes(gm):
+        name = getattr(node.target, "_opname", None) or str(node.target)
+        counts[name] = counts.get(name, 0) + 1
+    return dict(sorted(counts.items()))
+
+
+class NothingQuantizedError(ConfigValidationError):
+    """A quantized recipe that quantized no op: the program would stay float under its label.
+
+    Raised before calibration when the quantizer annotated nothing (and after conversion if no op
+    reads a dequantized tensor). The message names the recipe, the target, the model's op kinds
+    and what to do.
+    """
+
+    def __init__(
+        self, target: Target, recipe: Recipe, gm: torch.fx.GraphModule, kept_float: int
+    ) -> None:
+        ops = sorted({
+            str(getattr(n.target, "_opname", n.target)) for n in gm.graph.nodes
+            if n.op == "call_function" and not _is_qdq(n)
+        })
+        shown = ", ".join(ops[:12]) + (" ..." if len(ops) > 12 else "")
+        kept = (
+            f"; quantize.keep_float left {kept_float} node(s) in float: loosen it"
+            if kept_float else ""
+        )
+        super().__init__(
+            "quantize.recipe",
+            recipe.value,
+            f"the {target} quantizer found no op to quantize in this model (its ops: {shown}), "
+            f"so the program would stay float while labelled {recipe.value}{kept}; compile it "
+            "at fp32 instead (--recipe fp32), or at fp16 on qnn",
+        )
 
 
 # --------------------------------------------------------------------------------------------

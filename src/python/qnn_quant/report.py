@@ -2,12 +2,22 @@
 
 Both programs run eagerly in PyTorch: the quantized one with its quantize/dequantize ops, i.e.
 fake quant, the reference a backend's integer kernels should reproduce. Intermediate outputs are
-captured with torch.fx.Interpreter and matched by nn.Module path, op and order (see
-`_match_layers`), not by node name: re-exporting the converted model renames every node in
-execution order, so a single op a quantizer decomposes shifts the names of everything after it
-(on QNN that paired unrelated tensors at -60 dB). In the quantized graph a
+captured by logger modules inserted after the compared nodes: one full-speed forward pass per
+program and sample, which also gives the fake-quant outputs. They are matched by nn.Module path,
+op and order (see `_match_layers`), not by node name: re-exporting the converted model renames
+every node in execution order, so a single op a quantizer decomposes shifts the names of
+everything after it (on QNN that paired unrelated tensors at -60 dB). In the quantized graph a
 layer's value is read after its output quantize/dequantize pair when it has one, so the error a
 layer reports includes the rounding of its own output.
+
+torchao 0.18's numeric debugger (`prepare_for_propagation_comparison`,
+`extract_results_from_loggers`, `compare_results`) instruments the same way and keeps each
+logger's `nn_module_stack`, but it is not used: it pairs nodes by their oldest `from_node`
+ancestor (name, graph id), which holds only while both graphs descend from one in-memory trace,
+and here the fp32 program comes from a .pt2 (its graph ids renumbered at save, see
+`qnn_common.tensorio.save_program`) and the quantized one is re-exported; it also logs every node,
+views and q/dq included, and reads a quantized layer before its output q/dq, which would change
+what this report measures.
 
 Layer errors cover every position of a tensor, including padding positions that the model's
 outputs later ignore: a padded encoder can show worse layer numbers than its final output.
@@ -23,6 +33,7 @@ import torch
 from torch.export import ExportedProgram
 
 from qnn_common import metrics
+from qnn_common.tensorio import flatten_outputs
 from qnn_quant.pt2e import module_path
 
 # aten op names (OpOverload._opname) whose outputs are compared: the ops that compute something.
@@ -64,19 +75,48 @@ def accuracy_report(
     Infinite SQNRs (no error at all) are written as the string ``"inf"`` (``"-inf"`` for a zero
     reference), since JSON has no infinity.
     """
+    report, _ = accuracy_report_and_outputs(fp32, quantized, samples, top_k=top_k)
+    return report
+
+
+def accuracy_report_and_outputs(
+    fp32: ExportedProgram,
+    quantized: ExportedProgram,
+    samples: Sequence[tuple[torch.Tensor, ...]],
+    *,
+    top_k: int = 10,
+    fp32_outputs: Sequence[Sequence[torch.Tensor]] | None = None,
+) -> tuple[dict[str, Any], list[tuple[torch.Tensor, ...]]]:
+    """`accuracy_report`, plus the quantized program's (fake-quant) outputs on each sample.
+
+    Each program runs once per sample, at full speed: the layers compared are captured by
+    logger modules inserted after them in the graph (no interpreter), and the same pass gives
+    the outputs, so a caller that also needs the fake-quant reference runs nothing again.
+    `fp32_outputs` (the fp32 outputs on `samples`, e.g. the prepare stage's reference) spares
+    the fp32 program's run when no layer is compared (`top_k` 0).
+    """
     if not samples:
         raise ValueError("accuracy_report needs at least one sample")
-    ref_gm = fp32.module()
+    if fp32_outputs is not None and len(fp32_outputs) != len(samples):
+        raise ValueError(f"{len(fp32_outputs)} fp32 outputs for {len(samples)} samples")
     q_gm = quantized.module()
     # top_k=0 asks for no per-layer view: skip capturing intermediates altogether.
-    layers = _match_layers(ref_gm, q_gm) if top_k > 0 else {}
+    ref_gm = fp32.module() if top_k > 0 or fp32_outputs is None else None
+    layers = _match_layers(ref_gm, q_gm) if top_k > 0 and ref_gm is not None else {}
+    ref_log = _instrument(ref_gm, {name: name for name in layers}) if ref_gm is not None else None
+    q_log = _instrument(q_gm, {lay.read: name for name, lay in layers.items()})
 
     output_stats: list[metrics.ErrorStats] = []
     layer_stats = {name: metrics.ErrorStats() for name in layers}
+    fake_quant: list[tuple[torch.Tensor, ...]] = []
     with torch.no_grad():
-        for sample in samples:
-            ref_out, ref_vals = _run(ref_gm, sample, {name: name for name in layers})
-            q_out, q_vals = _run(q_gm, sample, {lay.read: name for name, lay in layers.items()})
+        for i, sample in enumerate(samples):
+            if ref_gm is not None and ref_log is not None:
+                ref_out, ref_vals = _run(ref_gm, ref_log, sample)
+            else:
+                ref_out, ref_vals = tuple(fp32_outputs[i]) if fp32_outputs else (), {}
+            q_out, q_vals = _run(q_gm, q_log, sample)
+            fake_quant.append(q_out)
             if len(ref_out) != len(q_out):
                 raise ValueError(
                     f"programs disagree on outputs: {len(ref_out)} vs {len(q_out)} tensors"
@@ -102,12 +142,13 @@ def accuracy_report(
         }
         for name, s in compared[: max(top_k, 0)]
     ]
-    return {
+    report = {
         "num_samples": len(samples),
         "vs_fp32": metrics.accuracy_record(output_stats),
         "worst_layers": worst,
         "layers_compared": len(compared),
     }
+    return report, fake_quant
 
 
 def _np(t: torch.Tensor) -> Any:
@@ -174,30 +215,45 @@ def _match_layers(ref_gm: torch.fx.GraphModule, q_gm: torch.fx.GraphModule) -> d
     return layers
 
 
-class _Capture(torch.fx.Interpreter):
-    """Runs a graph, keeping the outputs of the named nodes (under the names they map to)."""
+class _Logger(torch.nn.Module):
+    """Keeps the last tensor it was called with (under `key`) in a shared dict."""
 
-    def __init__(self, gm: torch.fx.GraphModule, wanted: dict[str, str]) -> None:
-        super().__init__(gm)
-        self.wanted = wanted
-        self.values: dict[str, torch.Tensor] = {}
+    def __init__(self, key: str, values: dict[str, torch.Tensor]) -> None:
+        super().__init__()
+        self.key = key
+        self.values = values
 
-    def run_node(self, n: torch.fx.Node) -> Any:
-        result = super().run_node(n)
-        key = self.wanted.get(n.name)
-        if key is not None and isinstance(result, torch.Tensor):
-            self.values[key] = result.detach()
-        return result
+    def forward(self, x: Any) -> Any:
+        if isinstance(x, torch.Tensor):
+            self.values[self.key] = x.detach()
+        return x
+
+
+def _instrument(gm: torch.fx.GraphModule, wanted: dict[str, str]) -> dict[str, torch.Tensor]:
+    """Insert a `_Logger` after each node named in `wanted` (node name -> key) into `gm`'s graph.
+
+    Returns the dict the loggers fill on each run. The loggers' outputs have no users: the
+    graph computes exactly what it did (nothing eliminates dead code after this).
+    `gm` is a `.module()` copy that belongs to the caller.
+    """
+    values: dict[str, torch.Tensor] = {}
+    if not wanted:
+        return values
+    targets = [n for n in gm.graph.nodes if n.name in wanted]
+    for i, node in enumerate(targets):
+        name = f"_qnn_layer_logger_{i}"
+        gm.add_submodule(name, _Logger(wanted[node.name], values))
+        with gm.graph.inserting_after(node):
+            gm.graph.call_module(name, (node,))
+    gm.recompile()
+    return values
 
 
 def _run(
-    gm: torch.fx.GraphModule, sample: tuple[torch.Tensor, ...], wanted: dict[str, str]
-) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
-    # .module() graphs take their inputs flattened, in order.
-    if wanted:
-        interp = _Capture(gm, wanted)
-        out, values = interp.run(*copy.deepcopy(sample)), interp.values
-    else:  # nothing to capture: run at full speed, without the interpreter
-        out, values = gm(*copy.deepcopy(sample)), {}
-    leaves = [t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
-    return leaves, values
+    gm: torch.fx.GraphModule, log: dict[str, torch.Tensor], sample: tuple[torch.Tensor, ...]
+) -> tuple[tuple[torch.Tensor, ...], dict[str, torch.Tensor]]:
+    """One forward pass on a copy of `sample` (a model may update its inputs in place): the
+    outputs, flattened, and what the loggers captured."""
+    log.clear()
+    out = gm(*copy.deepcopy(sample))
+    return flatten_outputs(out), dict(log)

@@ -9,13 +9,53 @@ from qnn_common.config import CompileConfig
 from qnn_common.recipes import Backend, Recipe
 from qnn_compile.backends import lowering_for
 from qnn_compile.backends.qnn import explicit_pool_strides
+from qnn_compile.backends.xnnpack import decompose_layer_norm
 
 
 def test_xnnpack_lowering_partitions_with_xnnpack() -> None:
     lowering = lowering_for(CompileConfig(backend=Backend.XNNPACK, recipe=Recipe.A8W8))
     assert [type(p).__name__ for p in lowering.recipe.partitioners] == ["XnnpackPartitioner"]
     assert lowering.record == {"backend": "xnnpack", "soc": None}
-    assert not lowering.expect_full_delegation and not lowering.aten_passes
+    assert not lowering.expect_full_delegation
+    assert lowering.aten_passes == (decompose_layer_norm,)
+    assert len(lowering.recipe.edge_transform_passes) == 1
+
+
+class _NormAttention(torch.nn.Module):
+    """A layer norm and a 4-D matmul (which reaches the edge dialect as expand + view + bmm)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(16)
+        self.proj = torch.nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.proj(self.norm(x)).view(1, 8, 2, 8).transpose(1, 2)  # [1, 2, 8, 8]
+        return torch.matmul(h, h.transpose(-1, -2))
+
+
+def test_layer_norm_decomposition_matches_and_keeps_other_ops() -> None:
+    x = torch.randn(1, 8, 16)
+    model = _NormAttention().eval()
+    with torch.no_grad():
+        model.norm.weight.uniform_(0.5, 1.5)
+        model.norm.bias.uniform_(-0.5, 0.5)
+    ep = torch.export.export(model, (x,), strict=False)
+    decomposed = decompose_layer_norm(ep)
+    targets = {str(n.target) for n in decomposed.graph.nodes if n.op == "call_function"}
+    assert "aten.layer_norm.default" not in targets
+    assert "aten.linear.default" in targets  # only layer_norm was decomposed
+    torch.testing.assert_close(decomposed.module()(x), model(x), rtol=1e-5, atol=1e-5)
+
+
+def test_xnnpack_takes_layer_norm_and_noop_expands() -> None:
+    from qnn_compile.lower import lower_program
+
+    x = torch.randn(1, 8, 16)
+    ep = torch.export.export(_NormAttention().eval(), (x,), strict=False)
+    lowered = lower_program(ep, lowering_for(CompileConfig(backend=Backend.XNNPACK)))
+    assert lowered.op_counts == {}
+    assert lowered.partitions == 1
 
 
 def test_portable_lowering_has_no_partitioner() -> None:

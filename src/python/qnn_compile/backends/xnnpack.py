@@ -1,9 +1,91 @@
-"""XNNPACK: host CPU kernels for fp32 and 8a8w programs."""
+"""XNNPACK: host CPU kernels for fp32 and 8a8w programs.
+
+Two rewrites keep ops inside the delegate that XNNPACK 1.5.1's partitioner would leave to the
+portable kernels (each one splits a partition, and every split is a round trip through the
+runtime):
+
+* `layer_norm` has no XNNPACK node. Before edge conversion it is decomposed into ops XNNPACK
+  takes: the input viewed as ``[1, rows, features, 1]``, `mean.dim` over dims (2, 3) (XNNPACK's
+  global average pooling, the only mean it accepts), `sub`, `mul`, `add`, `rsqrt`, then the
+  affine weight and bias. MiniLM: its 13 layer norms.
+* `expand_copy` that expands to the shape it already has: `matmul` of two 4-D tensors reaches
+  the edge dialect as expand + view + bmm, and the expand is a no-op copy XNNPACK does not take
+  (MiniLM: 24 of them, two per attention matmul). ExecuTorch's own `RemoveNoopExpandCopyPass`
+  removes them after edge conversion; it ships with the XNNPACK backend but is not in its default
+  pass list.
+"""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch.export import ExportedProgram
+
 from qnn_common.config import CompileConfig
 from qnn_compile.backends import BackendLowering
+
+
+def _layer_norm(
+    x: torch.Tensor,
+    normalized_shape: Sequence[int],
+    weight: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    eps: float = 1e-5,
+    cudnn_enable: bool = True,  # aten.layer_norm's last argument; meaningless on the CPU
+) -> torch.Tensor:
+    """aten.layer_norm in ops XNNPACK delegates (see the module docstring)."""
+    features = math.prod(normalized_shape)
+    rows = x.numel() // features
+    x4 = x.reshape(1, rows, features, 1)
+    centered = x4 - x4.mean(dim=[2, 3], keepdim=True)
+    variance = (centered * centered).mean(dim=[2, 3], keepdim=True)
+    y = (centered * torch.rsqrt(variance + eps)).reshape(x.shape)
+    if weight is not None:
+        y = y * weight
+    if bias is not None:
+        y = y + bias
+    return y
+
+
+def _has_static_layer_norm(program: ExportedProgram) -> bool:
+    """True if the graph holds a float layer_norm with a static input shape to decompose."""
+    for node in program.graph.nodes:
+        if node.op == "call_function" and node.target is torch.ops.aten.layer_norm.default:
+            val = node.args[0].meta.get("val") if isinstance(node.args[0], torch.fx.Node) else None
+            if (
+                isinstance(val, torch.Tensor)
+                and val.dtype == torch.float32
+                and all(isinstance(d, int) for d in val.shape)
+            ):
+                return True
+    return False
+
+
+def decompose_layer_norm(program: ExportedProgram) -> ExportedProgram:
+    """`program` with every aten.layer_norm decomposed into XNNPACK-delegable ops.
+
+    Only layer_norm is decomposed (`run_decompositions` with a one-entry table leaves every other
+    op as it is: quantize / dequantize nodes, linear, ...). Programs with dynamic shapes keep
+    their layer norms (the decomposition flattens the leading dimensions into a static size).
+    """
+    if not _has_static_layer_norm(program):
+        return program
+    decomposed: ExportedProgram = program.run_decompositions(
+        {torch.ops.aten.layer_norm.default: _layer_norm}
+    )
+    return decomposed
+
+
+def _remove_noop_expand_copies(method: str, program: ExportedProgram) -> list[Any]:
+    """Edge transform passes for `program` (one method): drop expand_copy nodes that copy."""
+    from executorch.backends.xnnpack._passes.remove_noop_expand_copy_pass import (
+        RemoveNoopExpandCopyPass,
+    )
+
+    return [RemoveNoopExpandCopyPass()]
 
 
 def lowering(config: CompileConfig) -> BackendLowering:
@@ -13,6 +95,10 @@ def lowering(config: CompileConfig) -> BackendLowering:
 
     return BackendLowering(
         target=config.target,
-        recipe=LoweringRecipe(partitioners=[XnnpackPartitioner()]),
+        recipe=LoweringRecipe(
+            partitioners=[XnnpackPartitioner()],
+            edge_transform_passes=[_remove_noop_expand_copies],
+        ),
+        aten_passes=(decompose_layer_norm,),
         record=config.target.record(),
     )

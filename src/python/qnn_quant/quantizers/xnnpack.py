@@ -2,10 +2,12 @@
 exactly what its fake quant computes).
 
 Symmetric per-channel int8 weights, int8 per-tensor activations (HistogramObserver), annotating
-linear, conv (with fused relu / batch norm) and adaptive average pooling only. Its global config
-would also quantize every add and mul; in transformers those are residual adds whose outputs carry
-a few outlier channels (|x| ~ 200 in all-MiniLM-L6-v2, against a typical 1), and one int8 scale
-over them erases every other channel. Float adds still lower to XNNPACK's fp32 kernels.
+everything the stock quantizer's global config annotates: linear, conv and transposed conv (with
+fused relu / batch norm), add and mul (with fused relu), cat, adaptive average pooling, and the
+ops that share their input's scale (max pooling, mean, relu / hardtanh, views, permutes,
+slices). matmul / bmm and sub stay float, as in the stock quantizer (XNNPACK 1.5.1 runs bmm in
+fp32 only). Residual adds whose outputs carry outlier channels (transformers) are kept float by
+`qnn_quant.pt2e.default_keep_float`, not here, so `keep_float` decides.
 
 Known upstream bug worked around: XNNPACKQuantizer.transform_for_annotation turns every scalar
 argument of aten.add/mul into a float tensor, integer ones too. transformers builds causal masks
@@ -58,6 +60,19 @@ def _float_scalars_to_attrs(model: torch.fx.GraphModule) -> torch.fx.GraphModule
     return model
 
 
+def family_ops(present: set[Any]) -> list[Any]:
+    """One op per stock XNNPACK pattern family with an op in `present`, in pattern order."""
+    from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import XNNPACKQuantizer
+
+    chosen: list[Any] = []
+    for pattern in XNNPACKQuantizer.SUPPORTED_PATTERNS:
+        targets = set(pattern.op_overloads)
+        hit = sorted(targets & present, key=str)
+        if hit and not targets.intersection(chosen):
+            chosen.append(hit[0])
+    return chosen
+
+
 def quantizer(spec: QuantizerSpec, gm: torch.fx.GraphModule) -> Any:
     """XNNPACKQuantizer: symmetric int8 (8a8w), per-channel weights unless told otherwise."""
     from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
@@ -67,21 +82,14 @@ def quantizer(spec: QuantizerSpec, gm: torch.fx.GraphModule) -> Any:
 
     config = get_symmetric_quantization_config(is_per_channel=spec.per_channel)
     quantizer = XNNPACKQuantizer()
-    aten = torch.ops.aten
-    # op families: (ops that trigger it, op handed to set_operator_type). set_operator_type(op)
-    # runs every XNNPACK pattern containing op (linear -> linear, linear_relu; conv2d -> conv,
-    # conv_relu, conv_bn, conv_bn_relu). Only families present in the graph are registered:
-    # each pattern is traced with torch.export when annotating, seconds per conv family.
-    families = (
-        ((aten.linear.default,), aten.linear.default),
-        ((aten.conv1d.default, aten.conv2d.default, aten.convolution.default), aten.conv2d.default),
-        ((aten.conv_transpose1d.default, aten.conv_transpose2d.input), aten.conv_transpose2d.input),
-        ((aten.adaptive_avg_pool2d.default,), aten.adaptive_avg_pool2d.default),
-    )
+    # What set_global(config) annotates, registered per op family present in the graph:
+    # set_operator_type(op) runs every stock pattern whose targets hold op (linear -> linear,
+    # linear_relu; conv2d -> conv, conv_relu, conv_bn, conv_bn_relu; add -> add, add_relu ...),
+    # in the stock order, and skips families the model lacks: conv patterns are traced with
+    # torch.export while annotating, seconds each.
     present = {n.target for n in gm.graph.nodes if n.op == "call_function"}
-    for triggers, op in families:
-        if present.intersection(triggers):
-            quantizer.set_operator_type(op, config)
+    for op in family_ops(present):
+        quantizer.set_operator_type(op, config)
     if spec.float_nodes:
         quantizer.set_filter_function(lambda node: node.name not in spec.float_nodes)
     # An instance attribute shadows the buggy method; prepare_pt2e looks it up on the instance.

@@ -1,8 +1,8 @@
 """The op case type and the small modules and input generators the catalogue builds cases from.
 
 Float ops sit behind a linear layer (`Lin`) in most cases: quantizers annotate ops in context, as
-in real models (XNNPACK's quantizer here annotates only linear / conv / adaptive pooling), and
-LPBQ (16a4w_block) needs a linear whose input size is a multiple of its block (16).
+in real models (a quantized recipe with nothing to annotate is refused), and LPBQ (16a4w_block)
+needs a linear whose input size is a multiple of its block (16).
 """
 
 from __future__ import annotations
@@ -41,8 +41,8 @@ class OpCase:
     qnn: bool = False
     integer: bool = False
     linear: bool = True
-    # XNNPACK's quantizer (also portable's) annotates only linear / conv / adaptive pooling: a
-    # case built from other ops stays float on the host at 8a8w, so no q/dq is expected there.
+    # XNNPACK's quantizer (also portable's) leaves some ops float at 8a8w (matmul, sub, ...): a
+    # case whose quantizable ops all stay float on the host, so no q/dq is expected there.
     host_unquantized: bool = False
     note: str = ""
     all_rules: tuple[Rule, ...] = field(init=False, repr=False, compare=False)
@@ -52,8 +52,10 @@ class OpCase:
         first = () if self.linear else (NO_LINEAR_LPBQ,)
         implied: list[Rule] = []
         if self.integer:
+            # Integer math: no quantizer annotates it, so a quantized recipe is refused on the
+            # host (nothing to quantize); XNNPACK's kernels are float ones.
+            implied += nothing_to_quantize("integer and bool ops")
             implied.append(Rule(outcome=EXACT))
-            # Integer math: no quantizer annotates it, and XNNPACK's kernels are float ones.
             host = Structure(Delegation.NONE, qdq=False)
             implied += [Rule("xnnpack", structure=host), Rule("portable", structure=host)]
         object.__setattr__(self, "all_rules", (*first, *self.rules, *implied))
@@ -174,6 +176,19 @@ def on_host_at(precisions: str, outcome: Outcome) -> tuple[Rule, ...]:
     return (
         Rule("xnnpack", precisions, outcome=outcome),
         Rule("portable", precisions, outcome=outcome),
+    )
+
+
+def nothing_to_quantize(what: str) -> tuple[Rule, ...]:
+    """On the host at 8a8w: refused, since XNNPACK's quantizer (portable's too) annotates none of
+    `what`; a quantized recipe that quantizes nothing is an error, not a float program."""
+    return on_host_at(
+        "8a8w",
+        Raises(
+            ConfigValidationError,
+            f"XNNPACK's quantizer annotates none of {what}: nothing to quantize",
+            match="found no op to quantize",
+        ),
     )
 
 

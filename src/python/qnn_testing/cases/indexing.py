@@ -42,6 +42,18 @@ CASES: tuple[OpCase, ...] = (
     ),
     lin_case("scatter", F, lambda a, s: torch.scatter(a, 1, _cols, s), randn(X, (4, 3))),
     lin_case("scatter_add", F, lambda a, s: torch.scatter_add(a, 1, _cols, s), randn(X, (4, 3))),
+    # scatter_reduce has no kernel in the 1.5.1 runtime: rewritten through a one-hot match of
+    # the index (qnn_compile.decompositions).
+    *(
+        lin_case(
+            f"scatter_reduce_{how}",
+            F,
+            lambda a, i, s, how=how, own=own: a.scatter_reduce(1, i, s, how, include_self=own),
+            concat(x, index(X, 16), randn(X)),
+            note=f"include_self={own}",
+        )
+        for how, own in (("sum", True), ("amax", True), ("amin", False), ("mean", True))
+    ),
     lin_case("index_put", F, lambda a, v: torch.index_put(a, (_idx,), v), randn(X, (3, 16))),
     lin_case("index_tensor", F, lambda a: a[_idx], x),
     lin_case("masked_fill", F, lambda a: a.masked_fill(a > 0.5, -1.0), x),

@@ -13,6 +13,7 @@ from qnn_testing.cases.base import (
     fn_case,
     lin_case,
     mod_case,
+    nothing_to_quantize,
     on_host_at,
     randn,
 )
@@ -100,14 +101,17 @@ SDPA_LPBQ = Rule(
 )
 
 # The cast stays on the portable kernels; XNNPACK takes the float multiply after it (measured).
+# At 8a8w the multiply is quantized (XNNPACK's quantizer annotates mul), so q/dq are expected.
 INT_TO_FLOAT_XNNPACK = Rule(
     "xnnpack",
     structure=Structure(
         Delegation.PARTIAL,
         outside=frozenset({"dim_order_ops._to_dim_order_copy.default"}),
-        qdq=False,
     ),
 )
+# LSTM / GRU export as whole aten.lstm / lstm_cell / gru_cell ops, which no host quantizer
+# annotates: at 8a8w there is nothing to quantize, which is refused.
+RNN_HOST = nothing_to_quantize("the LSTM / GRU ops (exported whole)")
 # Measured: at fp32, to_executorch fails on a program that writes its input ("a leaf Variable
 # that requires grad is being used in an in-place operation"); the 8a8w program, re-exported
 # after PT2E, serializes and matches. Same on XNNPACK and portable.
@@ -120,10 +124,52 @@ INPLACE_FP32 = on_host_at(
     ),
 )
 
+
+class _GridSample3d(nn.Module):
+    """A 1x1x1 conv (the layer in front), then trilinear / nearest 3-D sampling."""
+
+    def __init__(self, mode: str, padding: str) -> None:
+        super().__init__()
+        self.conv = nn.Conv3d(2, 2, 1)
+        self.mode, self.padding = mode, padding
+
+    def forward(self, x: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
+        return fn.grid_sample(
+            self.conv(x), grid, mode=self.mode, padding_mode=self.padding, align_corners=False
+        )
+
+
 seq = randn((2, 8, 16))
 state = randn((4, 16), (4, 16), (4, 16))
 
+# grid_sampler_3d is outside the Core ATen opset (edge refuses it): rewritten as gathers.
+GRID_3D = nothing_to_quantize("conv3d and grid_sample")
+grid_inputs = concat(randn((1, 2, 4, 5, 6)), randn((1, 3, 4, 2, 3), scale=0.7))
+
 CASES: tuple[OpCase, ...] = (
+    mod_case(
+        "grid_sample_3d",
+        F,
+        lambda: _GridSample3d("bilinear", "zeros"),
+        grid_inputs,
+        rules=GRID_3D,
+    ),
+    mod_case(
+        "grid_sample_3d_nearest_border",
+        F,
+        lambda: _GridSample3d("nearest", "border"),
+        grid_inputs,
+        rules=GRID_3D,
+    ),
+    # Random ops outside Core ATen, rewritten as rand / randn: the values are checked where they
+    # cannot differ (a uniform sample is below 1; a normal one is finite).
+    lin_case("rand_like", F, lambda a: a + (torch.rand_like(a) < 1.0).to(a.dtype), randn((4, 16))),
+    lin_case(
+        "randn_like",
+        F,
+        lambda a: a * torch.isfinite(torch.randn_like(a)).to(a.dtype),
+        randn((4, 16)),
+    ),
     mod_case("sdpa", F, _Sdpa, seq, linear=True, qnn=True, rules=(SDPA_LPBQ,)),
     mod_case("sdpa_causal", F, lambda: _Sdpa(causal=True), seq, linear=True),
     mod_case("sdpa_additive_mask", F, lambda: _Sdpa(masked=True), seq, linear=True),
@@ -134,11 +180,11 @@ CASES: tuple[OpCase, ...] = (
         lambda: _Cell("lstm"),
         state,
         linear=True,
-        host_unquantized=True,
+        rules=RNN_HOST,
         note="two outputs (h, c)",
     ),
-    mod_case("gru_cell", F, lambda: _Cell("gru"), state, linear=True, host_unquantized=True),
-    mod_case("lstm", F, lambda: _Rnn("lstm"), seq, linear=True, host_unquantized=True),
+    mod_case("gru_cell", F, lambda: _Cell("gru"), state, linear=True, rules=RNN_HOST),
+    mod_case("lstm", F, lambda: _Rnn("lstm"), seq, linear=True, rules=RNN_HOST),
     mod_case(
         "inplace_add_input",
         F,
@@ -177,7 +223,7 @@ CASES: tuple[OpCase, ...] = (
         F,
         lambda a: a.to(torch.float32) * 0.5,
         concat(lambda g: (torch.randint(-8, 8, (4, 16), generator=g),)),
-        integer=True,
         rules=(INT_TO_FLOAT_XNNPACK,),
+        note="integer input, float output",
     ),
 )

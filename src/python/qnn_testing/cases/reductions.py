@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from qnn_common.errors import BackendNotAvailableError, StageError
-from qnn_testing.cases.base import OpCase, fn_case, ints, lin_case, on_host, on_host_at, randn
+from qnn_common.errors import StageError
+from qnn_testing.cases.base import OpCase, fn_case, ints, lin_case, on_host_at, randn
 from qnn_testing.checks import CosineSimilarity, Sqnr
-from qnn_testing.expect import Measure, Raises, Rule
+from qnn_testing.expect import Measure, Raises, Rule, XFail
 from qnn_testing.structure import Delegation, Structure
 
 F = "reduction"
@@ -28,9 +28,16 @@ MEAN_ALL_XNNPACK = Rule(
         match="ChannelsLastTaggedReshapePass",
     ),
 )
-# sort (and argsort, which lowers to it) has no out-variant kernel in the 1.5.1 host runtime.
-NO_SORT_KERNEL = on_host(
-    Raises(BackendNotAvailableError, "the host runtime has no sort kernel", match="sort.values")
+# sort (and argsort, which lowers to it) has no kernel in the 1.5.1 host runtime: rewritten as
+# a topk over the whole dimension (qnn_compile.decompositions). At 8a8w many values tie (int8
+# levels), and topk orders equal values differently from torch.sort: the sorted values match,
+# the indices of ties do not (measured 22.1 dB, cosine 0.997 vs fake quant on XNNPACK).
+SORT_TIES_8BIT = on_host_at(
+    "8a8w",
+    XFail(
+        "int8 values tie; topk (what sort becomes) orders ties differently from torch.sort, "
+        "so tied indices differ (values match)"
+    ),
 )
 
 
@@ -68,10 +75,17 @@ CASES: tuple[OpCase, ...] = (
         F,
         lambda a: tuple(torch.sort(a, dim=-1)),
         x,
-        rules=NO_SORT_KERNEL,
+        rules=SORT_TIES_8BIT,
         note="two outputs",
     ),
-    lin_case("argsort", F, lambda a: torch.argsort(a, dim=-1), x, rules=NO_SORT_KERNEL),
+    lin_case("argsort", F, lambda a: torch.argsort(a, dim=-1), x, rules=SORT_TIES_8BIT),
+    lin_case(
+        "sort_descending_dim0",
+        F,
+        lambda a: tuple(torch.sort(a, dim=0, descending=True)),
+        x,
+        note="two outputs",
+    ),
     lin_case(
         "topk",
         F,

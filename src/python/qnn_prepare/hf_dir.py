@@ -1,0 +1,171 @@
+"""A local Hugging Face model directory: checked, its config read, its tokenizer loaded.
+
+Shared by the text-encoder and causal-LM tasks, which differ only in how they wrap the model.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from qnn_common.errors import ArtifactError, ConfigValidationError
+
+EXAMPLE_SENTENCE = "ExecuTorch runs this model on a phone after it has been quantized."
+
+# Files copied next to a compiled model so it can tokenize and be identified on its own. All sit
+# at the top of the model directory, so copying them flat cannot collide (the pooling config in
+# 1_Pooling/ is left out: pooling is part of the exported graph).
+TOKENIZER_FILE_NAMES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.txt",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+    "spiece.model",
+    "config.json",
+    "generation_config.json",
+    "modules.json",
+    "sentence_bert_config.json",
+    "config_sentence_transformers.json",
+)
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise ArtifactError(path, f"cannot read it as JSON ({err}); re-save the model") from err
+    if not isinstance(data, dict):
+        raise ArtifactError(path, "expected a JSON object; re-save the model")
+    return data
+
+
+def load_tokenizer(model_dir: Path) -> Any | None:
+    """The directory's tokenizer, or None when it has none (random token ids are used then)."""
+    if not any((model_dir / f).is_file() for f in TOKENIZER_FILE_NAMES if f != "config.json"):
+        return None
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
+    except (OSError, ValueError):
+        return None
+    # Decoder tokenizers often ship without a pad token; padding to a fixed length needs one.
+    if tokenizer.pad_token is None and tokenizer.eos_token is not None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def example_tokens(
+    tokenizer: Any | None,
+    vocab_size: int,
+    seq_len: int,
+    seed: int,
+    with_mask: bool,
+) -> tuple[torch.Tensor, ...]:
+    if tokenizer is not None:
+        enc = tokenizer(
+            EXAMPLE_SENTENCE,
+            padding="max_length",
+            truncation=True,
+            max_length=seq_len,
+            return_tensors="pt",
+        )
+        ids = enc["input_ids"].to(torch.int64)
+        mask = enc["attention_mask"].to(torch.int64)
+    else:
+        gen = torch.Generator().manual_seed(seed)
+        ids = torch.randint(0, vocab_size, (1, seq_len), generator=gen, dtype=torch.int64)
+        mask = torch.ones(1, seq_len, dtype=torch.int64)
+    return (ids, mask) if with_mask else (ids,)
+
+
+
+@dataclass(frozen=True)
+class HfDir:
+    """A checked HF model directory: what the wrapping tasks need to load its weights."""
+
+    path: Path
+    name: str
+    architectures: tuple[str, ...]
+    vocab_size: int
+    max_position_embeddings: int | None
+    tokenizer: Any | None
+    tokenizer_files: tuple[Path, ...]
+
+    @property
+    def is_causal_lm(self) -> bool:
+        """Whether its architecture is a ``*ForCausalLM`` (a decoder with an LM head)."""
+        return any(a.endswith("ForCausalLM") for a in self.architectures)
+
+    def load_error(self, err: OSError) -> ArtifactError:
+        """The error for weights that do not load."""
+        return ArtifactError(
+            self.path, f"cannot load the weights ({err}); the directory needs model.safetensors"
+        )
+
+
+def is_hf_dir_spec(spec: str) -> bool:
+    """Whether `spec` names a directory (a path separator, ./ or ~, or an existing directory)."""
+    return "/" in spec or spec.startswith((".", "~")) or Path(spec).expanduser().is_dir()
+
+
+def open_hf_dir(model_dir: Path, *, name: str, seed: int) -> HfDir:
+    """Check `model_dir` is a text model transformers can read; load its config and tokenizer.
+
+    `seed` is set before anything else so weights missing from the directory (initialized by
+    transformers) are reproducible.
+    """
+    if not model_dir.exists():
+        raise ArtifactError(
+            model_dir,
+            "model directory does not exist; pass a local Hugging Face model directory "
+            "(as written by save_pretrained) or a built-in model name",
+        )
+    if not model_dir.is_dir():
+        raise ArtifactError(model_dir, "not a directory; pass the model's directory")
+    config_file = model_dir / "config.json"
+    if not config_file.is_file():
+        raise ArtifactError(
+            model_dir,
+            "no config.json here, so it is not a Hugging Face model directory; save the model "
+            "with save_pretrained() or point at the directory that holds config.json",
+        )
+    config_json = read_json(config_file)
+    archs = tuple(str(a) for a in config_json.get("architectures") or [])
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(str(model_dir), local_files_only=True)
+    except (OSError, ValueError, KeyError) as err:
+        raise ArtifactError(
+            config_file, f"transformers cannot read this config ({err}); check model_type"
+        ) from err
+    vocab_size = getattr(config, "vocab_size", None)
+    if not isinstance(vocab_size, int):
+        raise ConfigValidationError(
+            "model",
+            str(model_dir),
+            "only text models (config with vocab_size) load from a directory; wrap other "
+            "models in a 'package.module:function' factory",
+        )
+    max_positions = getattr(config, "max_position_embeddings", None)
+    torch.manual_seed(seed)
+    return HfDir(
+        path=model_dir,
+        name=name,
+        architectures=archs,
+        vocab_size=vocab_size,
+        max_position_embeddings=max_positions if isinstance(max_positions, int) else None,
+        tokenizer=load_tokenizer(model_dir),
+        tokenizer_files=tuple(
+            model_dir / f for f in TOKENIZER_FILE_NAMES if (model_dir / f).is_file()
+        ),
+    )

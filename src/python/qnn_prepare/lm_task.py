@@ -1,0 +1,195 @@
+"""The causal-LM task: a decoder as ``prefill`` + ``decode`` methods over a KV cache, or, without
+a cache, as one logits-only forward at a fixed length.
+
+Sources: the built-in tiny decoders (`qnn_prepare.tiny_decoders`) and local HF directories whose
+architecture is a ``*ForCausalLM``. With ``kv_cache`` the artifact carries a program per method,
+calibration and eval texts as token sequences (the shipped public-domain text), the eager HF
+model's teacher-forced logits as the fp32 reference, the tokenizer and chat template, and for
+``kv_io`` the rotary table the host feeds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import tempfile
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from qnn_common.config import PrepareConfig
+from qnn_common.llm import MASK_VALUE
+from qnn_common.stages import ROPE_TABLE, TOKENIZER_DIR
+from qnn_prepare.causal_lm import (
+    eager_logits,
+    export_methods,
+    is_causal_lm_dir,
+    load_causal_lm,
+    text_sequences,
+)
+from qnn_prepare.hf_dir import HfDir, example_tokens, is_hf_dir_spec, open_hf_dir
+from qnn_prepare.kv_io import export_kv_io_methods, kv_layout
+from qnn_prepare.single import export_single
+from qnn_prepare.task import LoadedModel, TaskExport
+from qnn_prepare.tiny_decoders import TINY_DECODERS, save_tiny_decoder
+
+log = logging.getLogger(__name__)
+
+
+class LogitsLm(nn.Module):
+    """HF causal LM -> logits [1, S, vocab], with a constant causal mask and position ids.
+
+    Prompts shorter than S are right-padded; the causal mask keeps padding from affecting the
+    real positions, so the logits at position len-1 are those of the unpadded prompt.
+    """
+
+    causal_mask: torch.Tensor
+    position_ids: torch.Tensor
+
+    def __init__(self, hf: nn.Module, seq_len: int) -> None:
+        super().__init__()
+        self.hf = hf
+        mask = torch.full((seq_len, seq_len), MASK_VALUE).triu(1)[None, None]
+        self.register_buffer("causal_mask", mask, persistent=False)
+        self.register_buffer("position_ids", torch.arange(seq_len)[None], persistent=False)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        logits: torch.Tensor = self.hf(
+            input_ids=input_ids,
+            attention_mask=self.causal_mask,
+            position_ids=self.position_ids,
+            use_cache=False,
+        ).logits
+        return logits
+
+
+def load_logits_lm(hf_dir: HfDir, *, seq_len: int, seed: int) -> LoadedModel:
+    """A HF causal-LM directory as a logits-only model at a fixed token length."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)  # only matters if weights are missing and get initialized
+    try:
+        hf = AutoModelForCausalLM.from_pretrained(str(hf_dir.path), local_files_only=True)
+    except OSError as err:
+        raise hf_dir.load_error(err) from err
+    return LoadedModel(
+        name=hf_dir.name,
+        kind="causal-lm",
+        module=LogitsLm(hf.eval(), seq_len).eval(),
+        example_inputs=example_tokens(
+            hf_dir.tokenizer, hf_dir.vocab_size, seq_len, seed, with_mask=False
+        ),
+        input_names=("input_ids",),
+        output_names=("logits",),
+        tokenizer=hf_dir.tokenizer,
+        tokenizer_files=hf_dir.tokenizer_files,
+        vocab_size=hf_dir.vocab_size,
+    )
+
+
+def load_logits_lm_spec(spec: str, seq_len: int, seed: int) -> LoadedModel:
+    """`load_logits_lm` for a built-in tiny decoder's name or a directory path."""
+    if spec in TINY_DECODERS:
+        # Through a real HF directory, so it takes exactly the path a downloaded model takes.
+        with tempfile.TemporaryDirectory() as tmp:
+            directory = save_tiny_decoder(spec, Path(tmp) / spec, seed=seed)
+            loaded = load_logits_lm(open_hf_dir(directory, name=spec, seed=seed),
+                                    seq_len=seq_len, seed=seed)
+        # The directory's files are gone with the temp dir (the tokenizer is loaded already).
+        return dataclasses.replace(loaded, tokenizer_files=())
+    path = Path(spec).expanduser()
+    return load_logits_lm(open_hf_dir(path, name=path.name or spec, seed=seed),
+                          seq_len=seq_len, seed=seed)
+
+
+class CausalLmTask:
+    """The causal-LM task (see the module docstring)."""
+
+    name = "causal-lm"
+
+    def builtins(self) -> Mapping[str, str]:
+        """The tiny decoders."""
+        return {
+            name: f"{description} -> logits; with --prompt a KV-cache program that generates"
+            for name, description in TINY_DECODERS.items()
+        }
+
+    def accepts(self, spec: str, config: PrepareConfig) -> bool:
+        """A tiny decoder or a causal-LM directory; with ``kv_cache`` any spec (a spec that is
+        not a causal LM is then refused by `load_causal_lm` with the reason)."""
+        if config.kv_cache or spec in TINY_DECODERS:
+            return True
+        return is_hf_dir_spec(spec) and is_causal_lm_dir(Path(spec).expanduser())
+
+    def export(self, config: PrepareConfig) -> TaskExport:
+        """Prefill + decode with ``kv_cache``, else one logits-only forward."""
+        if not config.kv_cache:
+            t = time.perf_counter()
+            model = load_logits_lm_spec(config.model.strip(), config.seq_len, config.seed)
+            return export_single(model, config, time.perf_counter() - t)
+        return _export_kv_cache(config)
+
+
+def _export_kv_cache(config: PrepareConfig) -> TaskExport:
+    timings: dict[str, float] = {}
+    torch.manual_seed(config.seed)
+    t = time.perf_counter()
+    lm = load_causal_lm(
+        config.model, max_seq_len=config.max_seq_len, prefill_len=config.prefill_len,
+        seed=config.seed,
+    )
+    timings["load_s"] = time.perf_counter() - t
+    spec = lm.spec
+
+    t = time.perf_counter()
+    files: dict[str, bytes] = {}
+    rope: tuple[torch.Tensor, torch.Tensor] | None = None
+    if config.kv_io:
+        programs, rope = export_kv_io_methods(lm)
+        spec = dataclasses.replace(spec, kv_layout=kv_layout(lm))
+    else:
+        programs = export_methods(lm)
+    timings["export_s"] = time.perf_counter() - t
+    log.info("exported %s (%s) in %.1f s", lm.name, ", ".join(programs), timings["export_s"])
+
+    # Windows of two prefill chunks: every sample crosses a chunk boundary, so calibration and
+    # the teacher-forced eval see the cache being read, not only written.
+    length = min(spec.max_seq_len, 2 * spec.prefill_len)
+    calibration = text_sequences(lm, config.calibration_samples, length)
+    eval_tokens = text_sequences(
+        lm, config.eval_samples, length, offset=config.calibration_samples
+    )
+    t = time.perf_counter()
+    reference = eager_logits(lm, eval_tokens)
+    timings["reference_s"] = time.perf_counter() - t
+
+    for name, data in sorted(lm.tokenizer_files.items()):
+        files[f"{TOKENIZER_DIR}/{name}"] = data
+    return TaskExport(
+        name=lm.name,
+        kind="causal-lm",
+        programs=programs,
+        calibration=[(s,) for s in calibration],
+        eval_inputs=[(s,) for s in eval_tokens],
+        reference=[(r,) for r in reference],
+        files=files,
+        timings=timings,
+        metrics={
+            "model": lm.name,
+            "kind": "causal-lm",
+            "llm": spec.to_json(),
+            "input_names": ["input_ids", "cache_position"],
+            "output_names": ["logits"],
+            "parameters": sum(p.numel() for p in lm.hf.parameters()),
+            "calibration_samples": len(calibration),
+            "eval_samples": len(eval_tokens),
+            "calibration": {
+                "source": "text: Alice's Adventures in Wonderland, ch. 1 (public domain)",
+                "tokens_per_sample": length,
+            },
+        },
+        tables={ROPE_TABLE: [rope]} if rope is not None else {},
+    )

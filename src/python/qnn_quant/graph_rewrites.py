@@ -1,0 +1,77 @@
+"""Graph rewrites applied before any quantizer annotates: same math, in the form quantizers know.
+
+Quantizers annotate weight-carrying layers by op: `aten.linear` (and conv). A matrix product with
+a constant weight spelled another way is the same layer but is not annotated, so it stays float:
+Hugging Face's `Conv1D` (GPT-2, its attention and MLP projections) computes
+`addmm(bias, x, weight)`, and hand-written layers `x @ weight` (`mm` / `matmul`). A GPT-2 asked for
+8a8w got no q/dq at all in its projections. Each becomes `linear(x, weight.t(), bias)`, which
+computes the same values and is quantized like any linear (per-channel weights included: the
+transposed weight's rows are the output channels).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+aten = torch.ops.aten
+
+
+def _constant(node: Any) -> bool:
+    """A parameter or buffer of the module (get_attr), 2-D."""
+    if not isinstance(node, torch.fx.Node) or node.op != "get_attr":
+        return False
+    val = node.meta.get("val")
+    return isinstance(val, torch.Tensor) and val.dim() == 2
+
+
+def _linear_args(node: torch.fx.Node) -> tuple[Any, torch.fx.Node, Any] | None:
+    """(input, weight, bias or None) when `node` is a constant-weight matrix product."""
+    if node.op != "call_function":
+        return None
+    if node.target is aten.addmm.default:
+        bias, x, weight = node.args[:3]
+        scalars = [node.kwargs.get("beta", 1), node.kwargs.get("alpha", 1)]
+        if any(s != 1 for s in scalars) or not _constant(weight):
+            return None
+        bias_val = bias.meta.get("val") if isinstance(bias, torch.fx.Node) else None
+        if not isinstance(bias_val, torch.Tensor) or bias_val.dim() != 1:
+            return None  # a 2-D bias is no linear's
+        assert isinstance(weight, torch.fx.Node)
+        return x, weight, bias
+    if node.target in (aten.mm.default, aten.matmul.default):
+        x, weight = node.args[:2]
+        if not _constant(weight):
+            return None
+        assert isinstance(weight, torch.fx.Node)
+        return x, weight, None
+    return None
+
+
+def constant_matmuls_as_linear(gm: torch.fx.GraphModule) -> int:
+    """Rewrite addmm / mm / matmul with a constant 2-D weight as linear in place; the count.
+
+    The linear node keeps the original's metadata (its nn.Module path, so `keep_float` patterns
+    still match it).
+    """
+    count = 0
+    for node in list(gm.graph.nodes):
+        found = _linear_args(node)
+        if found is None:
+            continue
+        x, weight, bias = found
+        w_val = weight.meta["val"]
+        with gm.graph.inserting_before(node):
+            transposed = gm.graph.call_function(aten.t.default, (weight,))
+            transposed.meta = {**node.meta, "val": w_val.t()}
+            args = (x, transposed) if bias is None else (x, transposed, bias)
+            linear = gm.graph.call_function(aten.linear.default, args)
+        linear.meta = dict(node.meta)
+        node.replace_all_uses_with(linear)
+        gm.graph.erase_node(node)
+        count += 1
+    if count:
+        gm.graph.lint()
+        gm.recompile()
+    return count
