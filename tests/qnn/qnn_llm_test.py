@@ -54,8 +54,9 @@ def test_tiny_llama_16a4w_generates_on_the_htp_and_matches_fake_quant(out: Path)
 
 
 def test_16a8w_keeps_argmax_agreement_with_eager(out: Path) -> None:
-    """4-bit weights cost this random-weight model its argmax (0.69, in fake quant as much as on
-    the HTP: the recipe, not the backend); 8-bit weights keep it."""
+    """8-bit weights keep the argmax of the trained tiny-llama (measured 0.98 over 256 teacher-
+    forced tokens through the HTP); 4-bit weights cost it (0.875 there, and the same in fake quant:
+    the recipe on a 64-wide model, not the backend)."""
     summary = _run(out, "fp16", stop_after=Stage.PREPARE)
     (entry,) = (s for s in summary["stages"] if s["name"] == "prepare")
     result = run_quantize(QuantizeInput(
@@ -64,4 +65,4 @@ def test_16a8w_keeps_argmax_agreement_with_eager(out: Path) -> None:
         out / "q16a8w",
     ))
     accuracy = result.manifest.metrics["accuracy"]["vs_fp32"]
-    assert accuracy["argmax_agreement"] >= 0.9  # measured 1.0, 39 dB
+    assert accuracy["argmax_agreement"] >= 0.9

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from qnn_common.errors import ArtifactError
+from qnn_common.noise import native_noise_filtered
 from qnn_common.recipes import Backend
 
 log = logging.getLogger(__name__)
@@ -88,6 +89,8 @@ def set_cpu_threads(requested: int | None) -> int:
     from executorch.extension.pybindings import portable_lib
 
     threads = cpu_threads(requested)
-    if portable_lib._threadpool_get_thread_count() != threads:
-        portable_lib._unsafe_reset_threadpool(threads)
-    return int(portable_lib._threadpool_get_thread_count())
+    # The first touch of the pool probes the CPU (cpuinfo), which prints lines to fd 2.
+    with native_noise_filtered():
+        if portable_lib._threadpool_get_thread_count() != threads:
+            portable_lib._unsafe_reset_threadpool(threads)
+        return int(portable_lib._threadpool_get_thread_count())

@@ -108,7 +108,8 @@ def save_tiny_decoder(
     ``trained=False``, seeded random ones) and the byte tokenizer."""
     model = build_tiny_decoder(name, seed)
     if trained:
-        from safetensors.torch import load
+        # A dependency of transformers (its weight format), hence in every resolve that has it.
+        from safetensors.torch import load  # pants: no-infer-dep
 
         resource = importlib.resources.files("qnn_prepare").joinpath(weights_resource(name))
         try:
@@ -192,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1126)
     parser.add_argument("--models", nargs="*", default=list(TINY_DECODERS))
     args = parser.parse_args(argv)
-    from safetensors.torch import save_file
+    from safetensors.torch import save_file  # pants: no-infer-dep
 
     # One thread: the model is tiny (threads only contend), and results repeat across machines.
     torch.set_num_threads(1)
