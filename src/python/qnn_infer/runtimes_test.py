@@ -28,4 +28,4 @@ def test_the_runtime_threadpool_is_resized() -> None:
 @pytest.mark.parametrize("threads", [0, -1, 4096, True, 1.5])
 def test_bad_thread_counts_are_refused(threads: object) -> None:
     with pytest.raises(ConfigValidationError, match="infer.threads"):
-        InferConfig(threads=threads)  # type: ignore[arg-type]
+        InferConfig(threads=threads)  # type: ignore[arg-type]  # wrong types on purpose

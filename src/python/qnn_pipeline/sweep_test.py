@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -28,14 +29,14 @@ from qnn_pipeline.sweep_report import to_markdown, write_reports
 ART = Path("art")
 
 
-def _matrix(**kw: object) -> Matrix:
-    base: dict[str, object] = dict(
+def _matrix(**kw: Any) -> Matrix:
+    base: dict[str, Any] = dict(
         models=("tiny-cnn", "minilm"),
         backends=(Backend.XNNPACK, Backend.PORTABLE),
         recipes=(Recipe.FP32, Recipe.A8W8),
     )
     base.update(kw)
-    return Matrix(**base)  # type: ignore[arg-type]
+    return Matrix(**base)
 
 
 def test_shared_prefixes_are_one_node_each() -> None:
