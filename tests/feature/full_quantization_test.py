@@ -24,7 +24,8 @@ from qnn_common.target import Target
 from qnn_compile.backends import lowering_for
 from qnn_compile.lower import lower_program
 from qnn_pipeline.orchestrator import run_pipeline
-from qnn_quant.pt2e import NothingQuantizedError, quantize_program, quantized_op_kinds
+from qnn_quant.pt2e import quantize_program
+from qnn_quant.quantized_ops import NothingQuantizedError, quantized_op_kinds
 from support import gpt2_model
 
 XNNPACK = Target(Backend.XNNPACK)

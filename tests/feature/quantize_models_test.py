@@ -15,7 +15,8 @@ from qnn_prepare.lm_task import LogitsLm
 from qnn_prepare.models import load_model
 from qnn_prepare.task import LoadedModel, export_program
 from qnn_prepare.tiny_decoders import save_tiny_llama
-from qnn_quant.pt2e import quantize_program, quantized_op_count
+from qnn_quant.pt2e import quantize_program
+from qnn_quant.quantized_ops import quantized_op_count
 from qnn_quant.quantizers.xnnpack import _float_scalars_to_attrs
 
 # Not among the built-in calibration sentences.

@@ -45,7 +45,15 @@ from typing import Any, TypeVar
 from qnn_common.errors import ConfigValidationError
 from qnn_common.gates import AccuracyGates, check_gate, default_accuracy_gates
 from qnn_common.llm import GenerationConfig
-from qnn_common.recipes import Backend, Recipe, check_recipe, parse_enum
+from qnn_common.recipes import (
+    Backend,
+    Recipe,
+    WeightRounding,
+    check_recipe,
+    check_weight_rounding,
+    default_weight_rounding,
+    parse_enum,
+)
 from qnn_common.soc import Soc, lookup_soc
 from qnn_common.target import Target
 
@@ -171,9 +179,16 @@ class QuantizeConfig:
     # Regexes over nn.Module paths of layers to leave in float. None: the quantizer's default
     # (8-bit activations keep BERT-style FFN down-projections float); () quantizes everything.
     keep_float: tuple[str, ...] | None = None
+    # None: the default (GPTQ for 4-bit per-channel weights, nearest otherwise).
+    weight_rounding: WeightRounding | None = None
 
     def __post_init__(self) -> None:
         _normalize_enums(self, "quantize")
+        if self.weight_rounding is not None and not isinstance(
+            self.weight_rounding, WeightRounding
+        ):
+            object.__setattr__(self, "weight_rounding", parse_enum(
+                WeightRounding, str(self.weight_rounding), "quantize.weight_rounding"))
         if self.keep_float is not None:
             if isinstance(self.keep_float, str) or not all(
                 isinstance(p, str) for p in self.keep_float
@@ -205,7 +220,16 @@ class QuantizeConfig:
                 "quantize.block_size", self.block_size,
                 "only the 16a4w_block (LPBQ) recipe quantizes weights in blocks",
             )
+        check_weight_rounding(self.recipe, self.rounding, self.per_channel,
+                              "quantize.weight_rounding")
         _ = self.target  # validates backend / soc together
+
+    @property
+    def rounding(self) -> WeightRounding:
+        """The weight rounding in effect: the one asked for, else the recipe's default."""
+        if self.weight_rounding is None:
+            return default_weight_rounding(self.recipe, self.per_channel)
+        return self.weight_rounding
 
     @property
     def soc_info(self) -> Soc | None:

@@ -96,6 +96,30 @@ class ErrorStats:
         if r.size:
             self._max_abs = max(self._max_abs, float(np.max(np.abs(diff))))
 
+    def update_float32(self, ref: Any, x: Any) -> None:
+        """Add one batch of torch tensors, summed in float32 by torch.
+
+        About 5x faster than `update` on activations (no float64 copies, multithreaded dots), and
+        the sums carry ~1e-6 relative error instead of ~1e-15; an exact match still has exactly
+        zero noise. For the per-layer view of a quantized program, which ranks ~100 layers per
+        sample by SQNR; the outputs, which gates read, keep `update`.
+        """
+        import torch
+
+        r = ref.detach().reshape(-1).to(torch.float32)
+        y = x.detach().reshape(-1).to(torch.float32)
+        if r.shape != y.shape:
+            raise ValueError(f"size mismatch: reference has {r.numel()} values, other has "
+                             f"{y.numel()}")
+        diff = r - y
+        self.count += r.numel()
+        self._ref_sq += float(torch.dot(r, r))
+        self._x_sq += float(torch.dot(y, y))
+        self._dot += float(torch.dot(r, y))
+        self._noise += float(torch.dot(diff, diff))
+        if r.numel():
+            self._max_abs = max(self._max_abs, float(diff.abs().max()))
+
     @property
     def sqnr_db(self) -> float:
         """SQNR over everything fed so far (same conventions as the function)."""

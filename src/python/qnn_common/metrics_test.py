@@ -93,3 +93,24 @@ def test_error_stats_match_functions_on_the_concatenation(
     scaled = sqnr_db(ref * scale, x * scale)
     if math.isfinite(expected) and expected < 150.0:
         assert scaled == pytest.approx(expected, abs=1e-6)
+
+
+def test_float32_stats_agree_with_float64_and_keep_exact_matches_exact() -> None:
+    import torch
+
+    torch.manual_seed(1126)
+    ref = torch.randn(128, 384)
+    approx = ref + 0.01 * torch.randn_like(ref)
+    fast, exact = ErrorStats(), ErrorStats()
+    for _ in range(3):
+        fast.update_float32(ref, approx)
+        exact.update(ref.double().numpy(), approx.double().numpy())
+    assert fast.count == exact.count == 3 * ref.numel()
+    assert fast.sqnr_db == pytest.approx(exact.sqnr_db, abs=1e-3)
+    assert fast.cosine == pytest.approx(exact.cosine, abs=1e-6)
+    assert fast.max_abs_error == pytest.approx(exact.max_abs_error, rel=1e-6)
+    same = ErrorStats()
+    same.update_float32(ref, ref.clone())
+    assert same.sqnr_db == math.inf and same.cosine == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="size mismatch"):
+        same.update_float32(ref, ref[:2])

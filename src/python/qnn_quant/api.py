@@ -47,8 +47,10 @@ from qnn_common.tensorio import (
     save_program,
     save_samples,
 )
+from qnn_quant.gptq import GptqResult
 from qnn_quant.methods import module_runner, quantize_causal_lm
-from qnn_quant.pt2e import quantize_program, quantized_op_count, quantized_op_kinds
+from qnn_quant.pt2e import quantize_program_with_gptq
+from qnn_quant.quantized_ops import quantized_op_count, quantized_op_kinds
 from qnn_quant.report import accuracy_report_and_outputs
 
 PACKAGE = "qnn-quant"
@@ -75,7 +77,7 @@ def run_quantize(inp: QuantizeInput) -> QuantizeOutput:
     timings: dict[str, float] = {}
 
     t = time.perf_counter()
-    quantized = quantize_program(
+    quantized, gptq = quantize_program_with_gptq(
         program,
         target=cfg.target,
         recipe=cfg.recipe,
@@ -83,6 +85,7 @@ def run_quantize(inp: QuantizeInput) -> QuantizeOutput:
         per_channel=cfg.per_channel,
         block_size=cfg.block_size,
         keep_float=cfg.keep_float,
+        weight_rounding=cfg.rounding,
     )
     timings["quantize_s"] = time.perf_counter() - t
     log.info("quantized to %s for %s in %.1f s", cfg.recipe, cfg.target, timings["quantize_s"])
@@ -127,6 +130,7 @@ def run_quantize(inp: QuantizeInput) -> QuantizeOutput:
             "model": src.metrics.get("model"),
             "quantized_ops": quantized_op_count(quantized.graph_module),
             "quantized_op_kinds": quantized_op_kinds(quantized.graph_module),
+            **_rounding_metrics(cfg, gptq),
             "accuracy": report,
         },
     )
@@ -151,10 +155,10 @@ def _run_quantize_causal_lm(inp: QuantizeInput, src: Manifest, spec: LlmSpec) ->
     timings: dict[str, float] = {}
 
     t = time.perf_counter()
-    quantized = quantize_causal_lm(
+    quantized, gptq = quantize_causal_lm(
         programs, target=cfg.target, recipe=cfg.recipe, spec=spec, calibration=calibration,
         per_channel=cfg.per_channel, block_size=cfg.block_size, keep_float=cfg.keep_float,
-        rope=rope,
+        rope=rope, weight_rounding=cfg.rounding,
     )
     timings["quantize_s"] = time.perf_counter() - t
     log.info("quantized %s to %s for %s in %.1f s", ", ".join(quantized), cfg.recipe,
@@ -187,10 +191,19 @@ def _run_quantize_causal_lm(inp: QuantizeInput, src: Manifest, spec: LlmSpec) ->
             "llm": spec.to_json(),
             "quantized_ops": sum(quantized_op_count(p.graph_module) for p in quantized.values()),
             "quantized_op_kinds": _merged_kinds(quantized.values()),
+            **_rounding_metrics(cfg, gptq),
             "accuracy": {"vs_fp32": logits_accuracy(reference, fake_quant)},
         },
     )
     return QuantizeOutput(inp.out_dir, manifest)
+
+
+def _rounding_metrics(cfg: QuantizeConfig, gptq: GptqResult | None) -> dict[str, Any]:
+    """The weight rounding in effect and, for GPTQ, what it did."""
+    out: dict[str, Any] = {"weight_rounding": cfg.rounding.value}
+    if gptq is not None:
+        out["gptq"] = gptq.to_json()
+    return out
 
 
 def _merged_kinds(programs: Any) -> dict[str, int]:

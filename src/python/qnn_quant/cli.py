@@ -17,7 +17,7 @@ from qnn_common.cli_support import (
     setup_logging,
 )
 from qnn_common.config import DEFAULT_LPBQ_BLOCK, QuantizeConfig
-from qnn_common.recipes import Backend, Recipe, parse_enum
+from qnn_common.recipes import Backend, Recipe, WeightRounding, parse_enum
 from qnn_common.stages import QuantizeInput
 
 
@@ -46,6 +46,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="quantize every layer the quantizer can (no float layers)")
     p.add_argument("--block-size", type=int, default=DEFAULT_LPBQ_BLOCK,
                    help="16a4w_block: input channels per weight scale block (default: %(default)s)")
+    p.add_argument("--weight-rounding", choices=[r.value for r in WeightRounding],
+                   help="how weights are rounded onto their grid: nearest, or gptq (error "
+                   "feedback from calibration inputs, linear layers). Default: gptq for 4-bit "
+                   "per-channel weights (16a4w, 8a4w), nearest otherwise")
     p.add_argument("--report-layers", type=int, default=10,
                    help="how many worst layers to report (default: %(default)s)")
     add_logging_args(p)
@@ -64,6 +68,8 @@ def _main(argv: Sequence[str] | None) -> int:
         per_channel=not args.per_tensor,
         block_size=args.block_size,
         report_layers=args.report_layers,
+        weight_rounding=None if args.weight_rounding is None else WeightRounding(
+            args.weight_rounding),
         keep_float=() if args.quantize_all else (
             None if args.keep_float is None else tuple(args.keep_float)
         ),

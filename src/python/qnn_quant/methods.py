@@ -22,9 +22,21 @@ from tqdm import tqdm
 from qnn_common.config import DEFAULT_LPBQ_BLOCK
 from qnn_common.errors import StageError
 from qnn_common.llm import DECODE, PREFILL, LlmSpec, MethodRunner, feed, method_steps
-from qnn_common.recipes import Recipe
+from qnn_common.recipes import (
+    Recipe,
+    WeightRounding,
+    check_weight_rounding,
+    default_weight_rounding,
+)
 from qnn_common.target import Target
-from qnn_quant.pt2e import convert_program, module_path, prepare_program
+from qnn_quant.gptq import GptqResult, pin_weight_scales, round_weights
+from qnn_quant.pt2e import (
+    convert_program,
+    float_graph,
+    float_layer_nodes,
+    module_path,
+    prepare_program,
+)
 
 _STAGE = "quantize"
 
@@ -55,31 +67,52 @@ def quantize_causal_lm(
     keep_float: Sequence[str] | None = None,
     progress: bool = True,
     rope: tuple[torch.Tensor, torch.Tensor] | None = None,
-) -> dict[str, ExportedProgram]:
+    weight_rounding: WeightRounding | None = None,
+) -> tuple[dict[str, ExportedProgram], GptqResult | None]:
     """Quantize prefill and decode with shared scales, calibrating on token sequences (`rope`:
-    the rotary table of a program whose cache is its inputs and outputs)."""
+    the rotary table of a program whose cache is its inputs and outputs). With GPTQ (the
+    default for 4-bit weights) both methods' inputs shape one rounding of the shared weights.
+    Returns the programs and what GPTQ did (None when weights rounded to nearest)."""
     missing = {PREFILL, DECODE} - set(programs)
     if missing:
         raise StageError(
             _STAGE, f"a causal LM needs methods {PREFILL} and {DECODE}; missing {missing}"
         )
+    rounding = weight_rounding or default_weight_rounding(recipe, per_channel)
+    check_weight_rounding(recipe, rounding, per_channel, "quantize.weight_rounding")
+    bits = recipe.weight_bits or 0
+
+    def calibrate(modules: Mapping[str, torch.nn.Module], desc: str) -> None:
+        prefill, decode = method_steps(spec, module_runner(modules, spec), rope)
+        for sequence in tqdm(calibration, desc=desc, unit="text", disable=not progress):
+            feed(prefill, decode, sequence.tolist(), 0, spec)
+            for module in modules.values():
+                _reset_cache(module)
+
+    graphs = {method: float_graph(ep) for method, ep in programs.items()}
+    result = None
+    if rounding is WeightRounding.GPTQ:
+        floats = float_layer_nodes(graphs[PREFILL], target, recipe, keep_float)
+        result = round_weights(
+            graphs, lambda: calibrate(graphs, "gptq"), bits=bits,
+            skip=lambda node: node.name in floats,
+        )
     prepared = {
         method: prepare_program(
             ep, target=target, recipe=recipe, per_channel=per_channel, block_size=block_size,
-            keep_float=keep_float,
+            keep_float=keep_float, graph_module=graphs[method],
         )
         for method, ep in programs.items()
     }
-    prefill, decode = method_steps(spec, module_runner(prepared, spec), rope)
-    for sequence in tqdm(calibration, desc="calibrate", unit="text", disable=not progress):
-        feed(prefill, decode, sequence.tolist(), 0, spec)
-        _reset_cache(prepared[PREFILL])
-        _reset_cache(prepared[DECODE])
+    calibrate(prepared, "calibrate")
+    if result is not None:
+        pin_weight_scales(prepared[PREFILL], result, bits)
     share_observers(prepared[PREFILL], prepared[DECODE])
-    return {
+    quantized = {
         method: convert_program(programs[method], prepared[method], target=target, recipe=recipe)
         for method in programs
     }
+    return quantized, result
 
 
 def _observers(gm: torch.fx.GraphModule) -> dict[tuple[str, ...], tuple[str, Any]]:
@@ -129,7 +162,7 @@ def share_observers(source: torch.fx.GraphModule, dest: torch.fx.GraphModule) ->
     return len(dst)
 
 
-def _reset_cache(gm: torch.fx.GraphModule) -> None:
+def _reset_cache(gm: torch.nn.Module) -> None:
     """Zero the KV-cache buffers so each calibration text starts from an empty cache."""
     with torch.no_grad():
         for name, buffer in gm.named_buffers():

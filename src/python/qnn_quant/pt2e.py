@@ -40,10 +40,19 @@ from tqdm import tqdm
 
 from qnn_common.config import DEFAULT_LPBQ_BLOCK
 from qnn_common.errors import ConfigValidationError
-from qnn_common.recipes import Backend, Recipe, check_recipe
+from qnn_common.recipes import (
+    Backend,
+    Recipe,
+    WeightRounding,
+    check_recipe,
+    check_weight_rounding,
+    default_weight_rounding,
+)
 from qnn_common.target import Target
 from qnn_common.tensorio import ModelInputs, as_model_inputs
+from qnn_quant.gptq import GptqResult, pin_weight_scales, round_weights
 from qnn_quant.graph_rewrites import constant_matmuls_as_linear
+from qnn_quant.quantized_ops import NothingQuantizedError, is_observer, quantized_op_count
 from qnn_quant.quantizers import QuantizerSpec, quantizer_for
 
 log = logging.getLogger(__name__)
@@ -81,6 +90,7 @@ def quantize_program(
     block_size: int = DEFAULT_LPBQ_BLOCK,
     progress: bool = True,
     keep_float: Sequence[str] | None = None,
+    weight_rounding: WeightRounding | None = None,
 ) -> ExportedProgram:
     """Quantize `ep` for `target` at `recipe`, calibrating on `calibration`; return a new program.
 
@@ -88,24 +98,87 @@ def quantize_program(
     `keep_float` holds regular expressions searched in each node's nn.Module path (e.g.
     ``^head$``); matching layers stay in float. None means `default_keep_float` (BERT-family
     outlier layers at 8-bit activations, nothing otherwise); pass ``()`` to quantize every layer
-    the quantizer supports.
+    the quantizer supports. `weight_rounding` None means the recipe's default (GPTQ for 4-bit
+    per-channel weights, `qnn_common.recipes.default_weight_rounding`).
     Raises ConfigValidationError for float recipes, recipes the backend cannot run, bad patterns
     and calibration samples that do not fit the program. A sample is a tuple of positional
     arguments, or `ModelInputs` for a program that takes keyword arguments.
     """
+    program, _ = quantize_program_with_gptq(
+        ep, target=target, recipe=recipe, calibration=calibration, per_channel=per_channel,
+        block_size=block_size, progress=progress, keep_float=keep_float,
+        weight_rounding=weight_rounding,
+    )
+    return program
+
+
+def quantize_program_with_gptq(
+    ep: ExportedProgram,
+    *,
+    target: Target,
+    recipe: Recipe,
+    calibration: Sequence[tuple[torch.Tensor, ...] | ModelInputs],
+    per_channel: bool = True,
+    block_size: int = DEFAULT_LPBQ_BLOCK,
+    progress: bool = True,
+    keep_float: Sequence[str] | None = None,
+    weight_rounding: WeightRounding | None = None,
+) -> tuple[ExportedProgram, GptqResult | None]:
+    """`quantize_program`, also returning what GPTQ did (None when weights rounded to nearest)."""
     _check_quantizable(target, recipe)
+    rounding = weight_rounding or default_weight_rounding(recipe, per_channel)
+    check_weight_rounding(recipe, rounding, per_channel, "quantize.weight_rounding")
     samples = _check_calibration(ep, calibration)
+
+    def run(module: torch.nn.Module, desc: str) -> None:
+        with torch.no_grad():
+            for sample in tqdm(samples, desc=desc, unit="sample", disable=not progress):
+                # A copy: a model that updates an input in place must not change our samples.
+                inputs = sample.clone()
+                module(*inputs.args, **inputs.kwargs)
+
+    graph_module = float_graph(ep)
+    floats = float_layer_nodes(graph_module, target, recipe, keep_float)
+    result = None
+    if rounding is WeightRounding.GPTQ:
+        result = round_weights(
+            {"forward": graph_module}, lambda: run(graph_module, "gptq"),
+            bits=_weight_bits(recipe), skip=lambda node: node.name in floats,
+        )
     prepared = prepare_program(
         ep, target=target, recipe=recipe, per_channel=per_channel, block_size=block_size,
-        keep_float=keep_float,
+        keep_float=keep_float, graph_module=graph_module,
     )
-    with torch.no_grad():
-        for sample in tqdm(samples, desc="calibrate", unit="sample", disable=not progress):
-            # A copy: a model that updates an input in place must not change our samples.
-            inputs = sample.clone()
-            prepared(*inputs.args, **inputs.kwargs)
+    run(prepared, "calibrate")
+    if result is not None:
+        pin_weight_scales(prepared, result, _weight_bits(recipe))
     first = tuple(samples[0].args)
-    return convert_program(ep, prepared, target=target, recipe=recipe, samples=[first])
+    return convert_program(ep, prepared, target=target, recipe=recipe, samples=[first]), result
+
+
+def _weight_bits(recipe: Recipe) -> int:
+    bits = recipe.weight_bits
+    assert bits is not None, recipe  # a quantized recipe
+    return bits
+
+
+def float_graph(ep: ExportedProgram) -> torch.fx.GraphModule:
+    """`ep` as the float graph module the quantizer annotates (constant matmuls as linears)."""
+    graph_module = ep.module()
+    rewritten = constant_matmuls_as_linear(graph_module)
+    if rewritten:
+        log.info("%d constant-weight addmm / mm / matmul rewritten as linear", rewritten)
+    return graph_module
+
+
+def float_layer_nodes(
+    graph_module: torch.fx.GraphModule, target: Target, recipe: Recipe,
+    keep_float: Sequence[str] | None,
+) -> frozenset[str]:
+    """Names of the nodes `keep_float` (None: `default_keep_float`) leaves in float."""
+    if keep_float is None:
+        keep_float = default_keep_float(target, recipe)
+    return _nodes_under(graph_module, _compile_patterns(keep_float))
 
 
 def prepare_program(
@@ -116,28 +189,25 @@ def prepare_program(
     per_channel: bool = True,
     block_size: int = DEFAULT_LPBQ_BLOCK,
     keep_float: Sequence[str] | None = None,
+    graph_module: torch.fx.GraphModule | None = None,
 ) -> torch.fx.GraphModule:
     """`ep` with the target's observers inserted (torchao `prepare_pt2e`), ready to calibrate.
 
     The recipe is checked against the target first; see `quantize_program` for the arguments.
+    `graph_module`: `float_graph(ep)` when the caller already has it (e.g. GPTQ-rounded).
     """
     _check_quantizable(target, recipe)
-    if keep_float is None:
-        keep_float = default_keep_float(target, recipe)
-    patterns = _compile_patterns(keep_float)
 
     # Imported here: torchao and executorch take seconds to import and are only needed now.
     from torchao.quantization.pt2e.quantize_pt2e import prepare_pt2e
 
-    graph_module = ep.module()
-    rewritten = constant_matmuls_as_linear(graph_module)
-    if rewritten:
-        log.info("%d constant-weight addmm / mm / matmul rewritten as linear", rewritten)
-    float_nodes = _nodes_under(graph_module, patterns)
+    if graph_module is None:
+        graph_module = float_graph(ep)
+    float_nodes = float_layer_nodes(graph_module, target, recipe, keep_float)
     spec = QuantizerSpec(target, recipe, per_channel, block_size, float_nodes)
     quantizer = quantizer_for(spec, graph_module)
     prepared: torch.fx.GraphModule = prepare_pt2e(graph_module, quantizer)
-    if not any(_is_observer(n) for n in prepared.graph.nodes):
+    if not any(is_observer(n) for n in prepared.graph.nodes):
         raise NothingQuantizedError(target, recipe, graph_module, len(float_nodes))
     return prepared
 
@@ -158,91 +228,6 @@ def convert_program(
         raise NothingQuantizedError(target, recipe, converted, 0)
     example_args, example_kwargs = _example_inputs(ep, samples)
     return torch.export.export(converted, example_args, example_kwargs, strict=False)
-
-
-_QDQ_NAMESPACES = ("quantized_decomposed", "torchao")
-
-
-def _is_qdq(node: torch.fx.Node) -> bool:
-    return node.op == "call_function" and str(node.target).split(".")[0] in _QDQ_NAMESPACES
-
-
-def _is_observer(node: torch.fx.Node) -> bool:
-    # prepare_pt2e names every observer (or fake-quant) module it inserts so.
-    return node.op == "call_module" and str(node.target).startswith("activation_post_process")
-
-
-def _output_quantized(node: torch.fx.Node, hops: int = 3) -> bool:
-    """Whether `node`'s output is quantized, directly or after a fused chain of single-user ops
-    (conv -> batch norm -> relu -> quantize: the pattern is one quantized op)."""
-    for _ in range(hops):
-        if any(_is_qdq(u) and "dequantize" not in str(u.target) for u in node.users):
-            return True
-        if len(node.users) != 1:
-            return False
-        (node,) = node.users
-        if node.op != "call_function" or _is_qdq(node):
-            return False
-    return False
-
-
-def _quantized_nodes(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
-    """Ops between q/dq pairs: they read a dequantized tensor and their output is quantized."""
-    return [
-        n for n in gm.graph.nodes
-        if n.op == "call_function" and not _is_qdq(n)
-        and any(_is_qdq(a) and "dequantize" in str(a.target) for a in n.all_input_nodes)
-        and _output_quantized(n)
-    ]
-
-
-def quantized_op_count(gm: torch.fx.GraphModule) -> int:
-    """Ops that read a dequantized tensor and whose output is quantized (a fused relu / batch
-    norm in between allowed): the ops a backend runs quantized. Float ops that merely consume a
-    quantized layer's output are not counted."""
-    return len(_quantized_nodes(gm))
-
-
-def quantized_op_kinds(gm: torch.fx.GraphModule) -> dict[str, int]:
-    """`quantized_op_count` by ATen op name (``linear``, ``add``, ``cat`` ...), sorted by name."""
-    counts: dict[str, int] = {}
-    for node in _quantized_nodes(gm):
-        name = getattr(node.target, "_opname", None) or str(node.target)
-        counts[name] = counts.get(name, 0) + 1
-    return dict(sorted(counts.items()))
-
-
-class NothingQuantizedError(ConfigValidationError):
-    """A quantized recipe that quantized no op: the program would stay float under its label.
-
-    Raised before calibration when the quantizer annotated nothing (and after conversion if no op
-    reads a dequantized tensor). The message names the recipe, the target, the model's op kinds
-    and what to do.
-    """
-
-    def __init__(
-        self, target: Target, recipe: Recipe, gm: torch.fx.GraphModule, kept_float: int
-    ) -> None:
-        ops = sorted({
-            str(getattr(n.target, "_opname", n.target)) for n in gm.graph.nodes
-            if n.op == "call_function" and not _is_qdq(n)
-        })
-        shown = ", ".join(ops[:12]) + (" ..." if len(ops) > 12 else "")
-        kept = (
-            f"; quantize.keep_float left {kept_float} node(s) in float: loosen it"
-            if kept_float else ""
-        )
-        super().__init__(
-            "quantize.recipe",
-            recipe.value,
-            f"the {target} quantizer found no op to quantize in this model (its ops: {shown}), "
-            f"so the program would stay float while labelled {recipe.value}{kept}; compile it "
-            "at fp32 instead (--recipe fp32), or at fp16 on qnn",
-        )
-
-
-# --------------------------------------------------------------------------------------------
-# Validation.
 
 
 def _check_quantizable(target: Target, recipe: Recipe) -> None:

@@ -1,0 +1,53 @@
+"""Run a quantized program's activation quantize -> dequantize pairs as one fused op, in eager.
+
+A converted PT2E program holds `quantized_decomposed.quantize_per_tensor` followed by
+`dequantize_per_tensor` around every quantized activation. In eager PyTorch each pair is six
+elementwise ops and two dtype casts (`quantized_decomposed` is written in Python), and on an
+encoder they make the fake-quant forward ~5x slower than fp32. ATen's
+`fake_quantize_per_tensor_affine` computes the same values in one kernel: clamp(round(x / s) +
+zp, qmin, qmax), minus zp, times s. Measured bitwise identical over 786k values at int8, uint8
+and 16-bit grids (tested in fused_qdq_test.py on a whole program's outputs), and ~6x faster.
+
+Used on the `.module()` copies the accuracy report runs, never on the saved program: the
+lowered program still receives the q/dq pairs its backend pattern-matches.
+"""
+
+from __future__ import annotations
+
+import torch
+
+_Q = "quantize_per_tensor"
+_DQ = "dequantize_per_tensor"
+
+
+def _is(node: torch.fx.Node, name: str) -> bool:
+    return node.op == "call_function" and str(node.target) == f"quantized_decomposed.{name}.default"
+
+
+def fuse_qdq_pairs(gm: torch.fx.GraphModule) -> int:
+    """Rewrite each dequantize(quantize(x)) with identical parameters in `gm` as one
+    `fake_quantize_per_tensor_affine(x)`, in place, keeping the dequantize node's name (callers
+    may have pointed at it). Returns how many pairs were fused."""
+    fused = 0
+    for dq in list(gm.graph.nodes):
+        if not _is(dq, _DQ) or dq.kwargs:
+            continue
+        q = dq.args[0]
+        if not isinstance(q, torch.fx.Node) or not _is(q, _Q) or q.kwargs:
+            continue
+        if tuple(dq.args[1:6]) != tuple(q.args[1:6]):
+            continue
+        scale, zero_point, quant_min, quant_max = q.args[1:5]
+        if not isinstance(scale, float) or not all(
+            isinstance(p, int) for p in (zero_point, quant_min, quant_max)
+        ):
+            continue  # tensor-valued scales: leave the pair as it is
+        dq.target = torch.fake_quantize_per_tensor_affine
+        dq.args = (q.args[0], scale, zero_point, quant_min, quant_max)
+        fused += 1
+    for q in list(gm.graph.nodes):
+        if _is(q, _Q) and not q.users:
+            gm.graph.erase_node(q)
+    if fused:
+        gm.recompile()
+    return fused

@@ -1,0 +1,274 @@
+"""GPTQ weight rounding for the linear layers of exported programs (Frantar et al. 2022).
+
+Round-to-nearest puts each weight on its grid alone. GPTQ rounds a layer's input columns one by
+one and spreads each column's rounding error over the columns not yet rounded, weighted by the
+inverse of the layer's input Hessian ``H = X^T X`` from calibration, so the layer's *output* on
+the calibration inputs moves as little as possible. Layers are done in program order and each
+layer's Hessian is taken with the layers before it already rounded, so later layers also absorb
+earlier layers' error ("sequential" GPTQ).
+
+Fitting in the PT2E flow: the scales are round-to-nearest's (symmetric, per output channel, from
+the float weights' absolute maximum). This pass runs on the float graph before `prepare_pt2e`
+and leaves every weight exactly on that grid; after calibration, `pin_weight_scales` sets each
+weight observer's range to that scale, since an observer seeing the rounded weights could
+otherwise pick a smaller one (a channel whose largest weight rounded inwards) and re-round.
+The quantized program then holds exactly the GPTQ integers.
+
+Several methods (a causal LM's prefill and decode) are rounded together: each layer's Hessian
+sums its inputs in every method, and every method gets the same weights, so they still share
+their quantized bytes.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from functools import reduce
+from typing import Any
+
+import torch
+
+from qnn_common.errors import StageError
+
+log = logging.getLogger(__name__)
+
+_LINEAR = torch.ops.aten.linear.default
+# Hessian damping: a fraction of its mean diagonal added to the diagonal (the paper's 1 %), so
+# a layer whose calibration inputs do not span every direction still inverts.
+DAMPING = 0.01
+_BLOCK = 128  # columns rounded per lazy update (the paper's batching; exact either way)
+
+
+@dataclass(frozen=True)
+class GptqResult:
+    """What the pass did: per weight (its attribute path) the scale it rounded to, and numbers."""
+
+    scales: Mapping[str, torch.Tensor]
+    calibration_passes: int
+    seconds: float
+    # Output error on the calibration inputs, tr((W-Q) H (W-Q)^T), of round-to-nearest over
+    # that of GPTQ, in dB, averaged over layers (> 0: GPTQ's outputs are closer).
+    mean_gain_db: float
+
+    def to_json(self) -> dict[str, Any]:
+        """The manifest's record."""
+        return {
+            "weights": len(self.scales),
+            "calibration_passes": self.calibration_passes,
+            "seconds": round(self.seconds, 3),
+            "mean_output_error_gain_db_vs_nearest": round(self.mean_gain_db, 2),
+        }
+
+
+def round_weights(
+    modules: Mapping[str, torch.fx.GraphModule],
+    calibrate: Callable[[], None],
+    *,
+    bits: int,
+    skip: Callable[[torch.fx.Node], bool] = lambda node: False,
+) -> GptqResult:
+    """GPTQ-round, in place, every linear weight of `modules` that only linears read.
+
+    `calibrate()` runs the calibration data through all of `modules` (the pass swaps in
+    recording linears around it). `bits`: the symmetric weight grid, ±(2^(bits-1) - 1).
+    `skip(node)` leaves a linear node's weight alone (layers kept in float). A weight that
+    another op also reads (an LM head tied to the embedding table) is left to round-to-nearest.
+    """
+    t = time.perf_counter()
+    qmax = 2 ** (bits - 1) - 1
+    groups = _groups(next(iter(modules.values())), skip)
+    scales: dict[str, torch.Tensor] = {}
+    gains: list[float] = []
+    for weights in groups:
+        hessians = _hessians(modules, calibrate, weights)
+        for name in weights:
+            if name not in hessians:
+                continue  # no calibration input reached it: nearest rounding will do
+            weight = _attr(modules, name).detach()
+            scale = weight.detach().abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / qmax
+            hessian = hessians[name]
+            rounded = gptq(weight, hessian, scale, qmax)
+            gains.append(_gain_db(weight, rounded, _nearest(weight, scale, qmax), hessian))
+            for module in modules.values():
+                if _has_attr(module, name):
+                    _get(module, name).data.copy_(rounded)
+            scales[name] = scale.squeeze(1)
+    seconds = time.perf_counter() - t
+    mean_gain = sum(gains) / len(gains) if gains else 0.0
+    log.info(
+        "GPTQ rounded %d weights in %d calibration passes (%.1f s), output error %.1f dB "
+        "below round-to-nearest on average",
+        len(scales),
+        len(groups),
+        seconds,
+        mean_gain,
+    )
+    return GptqResult(scales, len(groups), seconds, mean_gain)
+
+
+def gptq(
+    weight: torch.Tensor, hessian: torch.Tensor, scale: torch.Tensor, qmax: int
+) -> torch.Tensor:
+    """`weight` (out x in) rounded onto ``scale * [-qmax, qmax]`` (scale: out x 1) by GPTQ with
+    input Hessian `hessian` (in x in); columns in order of decreasing Hessian diagonal."""
+    w = weight.detach().to(torch.float64).clone()
+    h = hessian.to(torch.float64).clone()
+    dead = torch.diag(h) == 0
+    h[dead, dead] = 1  # inputs that were always zero: their weights cannot matter
+    w[:, dead] = 0
+    order = torch.argsort(torch.diag(h), descending=True)
+    w, h = w[:, order], h[order][:, order]
+    h += DAMPING * torch.mean(torch.diag(h)) * torch.eye(h.shape[0], dtype=h.dtype)
+    # Upper Cholesky factor of H^-1: row i holds the update of columns i.. after rounding i.
+    h_inv = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True)
+    s = scale.to(torch.float64)
+    out = torch.zeros_like(w)
+    columns = w.shape[1]
+    for start in range(0, columns, _BLOCK):
+        end = min(start + _BLOCK, columns)
+        block = w[:, start:end].clone()
+        errors = torch.zeros_like(block)
+        h_block = h_inv[start:end, start:end]
+        for i in range(end - start):
+            column = block[:, i : i + 1]
+            q = torch.clamp(torch.round(column / s), -qmax, qmax) * s
+            out[:, start + i : start + i + 1] = q
+            error = (column - q) / h_block[i, i]
+            block[:, i:] -= error @ h_block[i : i + 1, i:]
+            errors[:, i : i + 1] = error
+        w[:, end:] -= errors @ h_inv[start:end, end:]
+    inverse = torch.argsort(order)
+    return out[:, inverse].to(weight.dtype)
+
+
+def pin_weight_scales(prepared: torch.fx.GraphModule, result: GptqResult, bits: int) -> int:
+    """Set the observer of each GPTQ-rounded weight in `prepared` (after calibration) to the
+    scale GPTQ rounded to; returns how many. Refuses an observer whose grid is not the one GPTQ
+    rounded onto (symmetric ±(2^(bits-1) - 1), per output channel)."""
+    qmax = 2 ** (bits - 1) - 1
+    pinned = 0
+    for node in prepared.graph.nodes:
+        if node.op != "get_attr" or node.target not in result.scales:
+            continue
+        scale = result.scales[str(node.target)]
+        for user in node.users:
+            if user.op != "call_module":
+                continue
+            observer = prepared.get_submodule(str(user.target))
+            grid = (getattr(observer, "quant_min", None), getattr(observer, "quant_max", None))
+            if grid != (-qmax, qmax) or getattr(observer, "ch_axis", None) != 0:
+                raise StageError(
+                    "quantize",
+                    f"the weight {node.target} is observed on grid {grid} (axis "
+                    f"{getattr(observer, 'ch_axis', None)}), but GPTQ rounded it per output "
+                    f"channel onto [-{qmax}, {qmax}]; use weight_rounding nearest for this "
+                    "quantizer",
+                )
+            limit = scale * qmax
+            observer.min_val = -limit.to(observer.min_val.dtype)
+            observer.max_val = limit.to(observer.max_val.dtype)
+            pinned += 1
+    return pinned
+
+
+def _nearest(weight: torch.Tensor, scale: torch.Tensor, qmax: int) -> torch.Tensor:
+    return torch.clamp(torch.round(weight / scale), -qmax, qmax) * scale
+
+
+def _gain_db(
+    weight: torch.Tensor, gptq_w: torch.Tensor, nearest_w: torch.Tensor, hessian: torch.Tensor
+) -> float:
+    def error(q: torch.Tensor) -> float:
+        d = (weight - q).to(torch.float64)
+        return float(((d @ hessian.to(torch.float64)) * d).sum())
+
+    nearest, ours = error(nearest_w), error(gptq_w)
+    return 10 * math.log10(max(nearest, 1e-30) / max(ours, 1e-30))
+
+
+def _linear_weights(
+    gm: torch.fx.GraphModule, skip: Callable[[torch.fx.Node], bool]
+) -> dict[torch.fx.Node, str]:
+    """Linear nodes whose weight is a 2-D attribute that only linears read, to its path."""
+    out: dict[torch.fx.Node, str] = {}
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or node.target is not _LINEAR or skip(node):
+            continue
+        weight = node.args[1]
+        if not isinstance(weight, torch.fx.Node) or weight.op != "get_attr":
+            continue
+        if any(u.target is not _LINEAR or u.args[1] is not weight for u in weight.users):
+            continue
+        if _get(gm, str(weight.target)).dim() == 2:
+            out[node] = str(weight.target)
+    return out
+
+
+def _groups(gm: torch.fx.GraphModule, skip: Callable[[torch.fx.Node], bool]) -> list[list[str]]:
+    """The weights in program order, grouped by the input they read (q / k / v, gate / up):
+    one calibration pass records the Hessian of a whole group."""
+    by_input: dict[Any, list[str]] = {}
+    for node, name in _linear_weights(gm, skip).items():
+        names = by_input.setdefault(node.args[0], [])
+        if name not in names:
+            names.append(name)
+    return list(by_input.values())
+
+
+def _hessians(
+    modules: Mapping[str, torch.fx.GraphModule], calibrate: Callable[[], None], weights: list[str]
+) -> dict[str, torch.Tensor]:
+    """``X^T X / rows`` of the inputs of the linears reading `weights`, over one calibration."""
+    sums: dict[str, torch.Tensor] = {}
+    rows: dict[str, int] = {}
+
+    def recorder(name: str) -> Callable[..., torch.Tensor]:
+        def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> Any:
+            flat = x.detach().reshape(-1, x.shape[-1]).to(torch.float64)
+            sums[name] = sums.get(name, 0) + flat.T @ flat
+            rows[name] = rows.get(name, 0) + flat.shape[0]
+            return _LINEAR(x, w, b)
+
+        return linear
+
+    wanted = set(weights)
+    swapped: list[tuple[torch.fx.GraphModule, torch.fx.Node]] = []
+    try:
+        for module in modules.values():
+            for node, name in _linear_weights(module, lambda n: False).items():
+                if name in wanted:
+                    node.target = recorder(name)
+                    swapped.append((module, node))
+            module.recompile()
+        with torch.no_grad():
+            calibrate()
+    finally:
+        for _, node in swapped:
+            node.target = _LINEAR
+        for module in modules.values():
+            module.recompile()
+    return {name: sums[name] / rows[name] for name in sums if rows[name]}
+
+
+def _get(module: torch.nn.Module, path: str) -> torch.Tensor:
+    value = reduce(getattr, path.split("."), module)
+    assert isinstance(value, torch.Tensor), path
+    return value
+
+
+def _has_attr(module: torch.nn.Module, path: str) -> bool:
+    try:
+        reduce(getattr, path.split("."), module)
+    except AttributeError:
+        return False
+    return True
+
+
+def _attr(modules: Mapping[str, torch.fx.GraphModule], path: str) -> torch.Tensor:
+    for module in modules.values():
+        if _has_attr(module, path):
+            return _get(module, path)
+    raise KeyError(path)

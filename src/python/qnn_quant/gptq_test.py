@@ -1,0 +1,110 @@
+"""GPTQ weight rounding: the algorithm alone, and through the real PT2E flow for the HTP."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.export import ExportedProgram
+
+from qnn_common.config import QuantizeConfig
+from qnn_common.errors import ConfigValidationError
+from qnn_common.metrics import sqnr_db
+from qnn_common.recipes import Backend, Recipe, WeightRounding
+from qnn_common.soc import lookup_soc
+from qnn_common.target import Target
+from qnn_quant.gptq import gptq
+from qnn_quant.pt2e import quantize_program_with_gptq
+
+HTP = Target(Backend.QNN, lookup_soc("SM8650"))
+
+
+def _output_error(weight: torch.Tensor, rounded: torch.Tensor, hessian: torch.Tensor) -> float:
+    d = (weight - rounded).double()
+    return float(((d @ hessian.double()) * d).sum())
+
+
+def test_gptq_stays_on_the_grid_and_moves_outputs_less_than_nearest() -> None:
+    torch.manual_seed(1126)
+    weight = torch.randn(24, 48)
+    # Correlated inputs, as a layer's activations are: where GPTQ has error to redistribute.
+    inputs = torch.randn(512, 8) @ torch.randn(8, 48) + 0.1 * torch.randn(512, 48)
+    hessian = inputs.T @ inputs / len(inputs)
+    scale = weight.abs().amax(dim=1, keepdim=True) / 7
+    rounded = gptq(weight, hessian, scale, 7)
+    levels = rounded / scale
+    assert torch.allclose(levels, levels.round(), atol=1e-4) and levels.abs().max() <= 7 + 1e-4
+    nearest = torch.clamp(torch.round(weight / scale), -7, 7) * scale
+    ours, theirs = (_output_error(weight, r, hessian) for r in (rounded, nearest))
+    assert ours < 0.5 * theirs, (ours, theirs)
+
+
+class _Mlp(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = torch.nn.Linear(32, 64)
+        self.fc2 = torch.nn.Linear(64, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.fc2(torch.relu(self.fc1(x)))
+        return out
+
+
+def _weights(program: ExportedProgram) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(integer weights, per-channel scales) of each 4-bit dequantize_per_channel, in order."""
+    sig = program.graph_signature
+    names = {**sig.inputs_to_parameters, **sig.inputs_to_buffers}
+    values = {**program.state_dict, **program.constants}
+    out = []
+    for node in program.graph.nodes:
+        if "dequantize_per_channel" in str(node.target) and node.args[5] == 7:
+            weight, scale = (values[names[a.name]] for a in node.args[:2])
+            out.append((weight, scale))
+    return out
+
+
+def test_gptq_through_pt2e_keeps_its_scales_and_beats_nearest() -> None:
+    torch.manual_seed(1126)
+    basis = torch.randn(6, 32)
+    samples = [(torch.randn(16, 6) @ basis + 0.05 * torch.randn(16, 32),) for _ in range(12)]
+    fp32 = torch.export.export(_Mlp().eval(), samples[0], strict=False)
+    programs, results = {}, {}
+    for rounding in WeightRounding:
+        programs[rounding], results[rounding] = quantize_program_with_gptq(
+            fp32, target=HTP, recipe=Recipe.A16W4, calibration=samples[:8], progress=False,
+            weight_rounding=rounding,
+        )
+    result = results[WeightRounding.GPTQ]
+    assert result is not None and results[WeightRounding.NEAREST] is None
+    assert sorted(result.scales) == ["fc1.weight", "fc2.weight"] and result.mean_gain_db > 1
+    # The program holds GPTQ's integers on GPTQ's scales (the observers were pinned) ...
+    ours = _weights(programs[WeightRounding.GPTQ])
+    nearest = _weights(programs[WeightRounding.NEAREST])
+    for (weight, scale), (nearest_weight, _), name in zip(ours, nearest, ("fc1", "fc2"),
+                                                          strict=True):
+        assert torch.allclose(scale.float(), result.scales[f"{name}.weight"], rtol=1e-6)
+        assert weight.dtype == torch.int8 and int(weight.abs().max()) <= 7
+        assert not torch.equal(weight, nearest_weight)
+    # ... and its outputs are closer to fp32 on held-out inputs of the same distribution.
+    held_out = [s[0] for s in samples[8:]]
+    with torch.no_grad():
+        reference = torch.cat([fp32.module()(x) for x in held_out])
+        sqnr = {r: sqnr_db(reference.numpy(), torch.cat([p.module()(x) for x in held_out]).numpy())
+                for r, p in programs.items()}
+    assert sqnr[WeightRounding.GPTQ] > sqnr[WeightRounding.NEAREST] + 1, sqnr
+
+
+def test_default_rounding_and_refusals() -> None:
+    assert QuantizeConfig(backend=Backend.QNN, soc="SM8650", recipe=Recipe.A16W4).rounding \
+        is WeightRounding.GPTQ
+    assert QuantizeConfig(recipe=Recipe.A8W8).rounding is WeightRounding.NEAREST
+    assert QuantizeConfig(backend=Backend.QNN, soc="SM8650", recipe=Recipe.A16W4,
+                          per_channel=False).rounding is WeightRounding.NEAREST
+    explicit = QuantizeConfig(recipe=Recipe.A8W8, weight_rounding="gptq")  # type: ignore[arg-type]
+    assert explicit.rounding is WeightRounding.GPTQ
+    with pytest.raises(ConfigValidationError, match="block-wise scales"):
+        QuantizeConfig(backend=Backend.QNN, soc="SM8650", recipe=Recipe.A16W4_BLOCK,
+                       weight_rounding=WeightRounding.GPTQ)
+    with pytest.raises(ConfigValidationError, match="per_channel"):
+        QuantizeConfig(recipe=Recipe.A8W8, per_channel=False, weight_rounding=WeightRounding.GPTQ)
+    with pytest.raises(ConfigValidationError, match="nearest, gptq|allowed"):
+        QuantizeConfig(recipe=Recipe.A8W8, weight_rounding="adaround")  # type: ignore[arg-type]
