@@ -222,3 +222,37 @@ def test_what_cannot_run_fails_at_compile_naming_the_op(backend: Backend) -> Non
     with pytest.raises(MissingKernelError, match="scatter_reduce") as info:
         _lower(lambda a, b, c: a.scatter_reduce(1, b, c, "amax"), (x, i, s), backend)
     assert "aten::scatter_reduce.two_out" in info.value.ops
+
+
+# The QNN-only rewrites: checked here against eager in plain torch (their HTP runs are op suite
+# cells: max_dim, lerp, adaptive_avg_pool3d_uneven on qnn-v75).
+QNN_CASES: dict[str, tuple[Callable[..., Any], torch.Tensor]] = {
+    "max_dim": (lambda x: tuple(torch.max(x, dim=-1)), torch.randn(2, 8, 16, generator=_g())),
+    "max_dim_keepdim": (
+        lambda x: tuple(torch.max(x, dim=0, keepdim=True)),
+        torch.randn(4, 6, generator=_g()),
+    ),
+    "lerp_low": (lambda x: torch.lerp(x, x.flip(-1), 0.3), torch.randn(4, 16, generator=_g())),
+    "lerp_high": (lambda x: torch.lerp(x, x.flip(-1), 0.8), torch.randn(4, 16, generator=_g())),
+    "adaptive_avg_pool3d_uneven": (
+        lambda x: F.adaptive_avg_pool3d(x, (3, 5, 2)),
+        torch.randn(1, 2, 8, 8, 8, generator=_g()),
+    ),
+}
+_QNN_REWRITTEN = {"max", "lerp", "adaptive_avg_pool3d"}
+
+
+@pytest.mark.parametrize("name", sorted(QNN_CASES))
+def test_qnn_rewrites_match_eager(name: str) -> None:
+    fn, x = QNN_CASES[name]
+    ep = torch.export.export(_Fn(fn).eval(), (x,), strict=False)
+    out = decompose(ep, Backend.QNN)
+    left = {
+        str(n.target).split(".")[1].lstrip("_")
+        for n in out.graph.nodes
+        if n.op == "call_function" and str(n.target).startswith("aten.")
+    }
+    assert not left & _QNN_REWRITTEN, left
+    want, got = fn(x), out.module()(x)
+    # Indices and maxima exactly; lerp in PyTorch's own formula, so to float rounding.
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)

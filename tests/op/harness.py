@@ -10,6 +10,9 @@ Each cell still lowers and runs its own program: one case, one program.
 from __future__ import annotations
 
 import copy
+import os
+import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -165,3 +168,45 @@ class Harness:
             qdq_nodes=prog.qdq_nodes,
             seconds=seconds,
         )
+
+
+# The child's whole program: one harness, one cell; exit 0 if the cell ran to its outputs.
+_CHILD = """
+import sys
+from pathlib import Path
+from op.harness import Harness
+from qnn_common.recipes import Recipe
+from qnn_testing.cases import BY_NAME
+from qnn_testing.matrix import TARGETS_BY_NAME
+case, target, recipe, workdir = sys.argv[1:5]
+Harness(Path(workdir)).run(BY_NAME[case], TARGETS_BY_NAME[target], Recipe(recipe))
+"""
+
+
+def run_isolated(
+    case: OpCase, target: OpTarget, recipe: Recipe, workdir: Path, timeout: float = 900.0
+) -> subprocess.CompletedProcess[bytes]:
+    """Run one cell (export to execution) in a child process; its return code is negative for
+    the signal that killed it, its stderr kept. For cells expected to crash in native code, which
+    would otherwise take the whole test process (and every cell after it) down. A fresh
+    interpreter, not a fork: the parent's loaded backend libraries and threads stay out of it."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    child = subprocess.run(
+        [
+            sys.executable,
+            "-X",
+            "faulthandler",
+            "-c",
+            _CHILD,
+            case.name,
+            target.name,
+            recipe.value,
+            str(workdir),
+        ],
+        env=env,
+        timeout=timeout,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        check=False,
+    )
+    return child

@@ -8,15 +8,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import signal
 import traceback
 from dataclasses import dataclass
 
-from op.harness import Harness
+from op.harness import Harness, run_isolated
 from qnn_common.recipes import Backend
 from qnn_testing.cases import BY_NAME
 from qnn_testing.checks import check_outputs, output_sqnr
 from qnn_testing.coverage import Status
-from qnn_testing.expect import Measure, Raises, XFail, measure_for, resolve
+from qnn_testing.expect import Crashes, Measure, Raises, XFail, measure_for, resolve
 from qnn_testing.matrix import Cell
 from qnn_testing.structure import check_structure
 
@@ -45,6 +46,8 @@ def judge(cell: Cell, harness: Harness) -> Verdict:
     if case.host_unquantized and backend is not Backend.QNN:
         structure = dataclasses.replace(structure, qdq=False)
     label = f"{cell.case} on {cell.target.name} at {cell.precision.value}"
+    if isinstance(outcome, Crashes):
+        return _judge_crash(cell, outcome, harness, label)
     try:
         run = harness.run(case, cell.target, cell.precision)
     except Exception as exc:  # every stage error is a verdict, not a crash of the suite
@@ -100,6 +103,41 @@ def judge(cell: Cell, harness: Harness) -> Verdict:
     if failures:
         return Verdict(cell, Status.FAIL, sqnr, f"{label}: " + "; ".join(failures), seconds)
     return Verdict(cell, Status.PASS, sqnr, "", seconds)
+
+
+def _exit_text(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+def _last_line(stderr: bytes) -> str:
+    lines = stderr.decode(errors="replace").strip().splitlines()
+    return f" ({lines[-1]})" if lines else ""
+
+
+def _judge_crash(cell: Cell, outcome: Crashes, harness: Harness, label: str) -> Verdict:
+    """Run the cell in a child process and check it died of the expected signal."""
+    case = BY_NAME[cell.case]
+    child = run_isolated(case, cell.target, cell.precision, harness.workdir)
+    if child.returncode == -outcome.signal:
+        return Verdict(
+            cell,
+            Status.RAISES,
+            None,
+            f"crashed as expected in a child process ({outcome.signal.name}): {outcome.reason}",
+        )
+    return Verdict(
+        cell,
+        Status.FAIL,
+        None,
+        f"{label}: expected a native crash ({outcome.signal.name}: {outcome.reason}), but the "
+        f"child process ended with {_exit_text(child.returncode)}{_last_line(child.stderr)}: "
+        "tighten the expectation",
+    )
 
 
 def sqnr_text(value: float | None) -> str:

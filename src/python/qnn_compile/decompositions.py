@@ -8,7 +8,9 @@ others (`avg_pool3d`, `max_pool3d_with_indices`, `_adaptive_avg_pool3d`, `sort`,
 convolution). `decompose` rewrites each of them before edge conversion (the 3-D convolution and
 pooling ones on XNNPACK and portable only: QNN has its own ops for them) into operators that have
 kernels and that backends can take, with functions written in torch (`qnn_compile.op_rewrites`;
-the divisible `adaptive_max_pool2d` follows torch's decomposition). An op is rewritten only where
+the divisible `adaptive_max_pool2d` follows torch's decomposition). For QNN also `max.dim`,
+`lerp` with a number weight and the uneven `adaptive_avg_pool3d`, which its lowering crashes on,
+fails to build, or does not take (see `_QNN`). An op is rewritten only where
 its arguments are within what the rewrite computes exactly; everything else is left alone, and
 `check_kernels` / `check_ranks` then fail the compile, naming the operator and what to do, instead
 of the runtime failing later.
@@ -98,6 +100,21 @@ def _always(node: torch.fx.Node) -> bool:
 _HOST = frozenset({Backend.XNNPACK, Backend.PORTABLE})
 
 
+# QNN (measured on V75, executorch 1.5.1): ops its partitioner takes but its lowering then fails
+# on (max.dim: a segfault in `qnn_preprocess._check_io_binding`, at fp16 and 16a8w; lerp: the edge
+# form fails to build, "Failed to append node QNN_ElementWiseAbs", at fp16, 8a8w and 16a8w), or
+# does not take at all (uneven adaptive_avg_pool3d, whose runtime kernel is missing too).
+_QNN = frozenset({Backend.QNN})
+
+
+def _uneven_3d(node: torch.fx.Node) -> bool:
+    x, out = _val(node, 0), node.args[1] if len(node.args) > 1 else None
+    if not isinstance(x, torch.Tensor) or not isinstance(out, list | tuple):
+        return False
+    sizes = x.shape[-3:]
+    return any(o is not None and s % int(o) for s, o in zip(sizes, out, strict=False))
+
+
 @dataclass(frozen=True)
 class Decomposition:
     """One rewrite: the op, the function computing it from other ops, which nodes need it, and
@@ -127,6 +144,14 @@ DECOMPOSITIONS: tuple[Decomposition, ...] = (
     Decomposition(aten.scatter_reduce.two, ops.scatter_reduce),
     Decomposition(aten.grid_sampler.default, ops.grid_sampler),
     Decomposition(aten.grid_sampler_3d.default, ops.grid_sampler_3d),
+    Decomposition(aten.max.dim, ops.max_dim, backends=_QNN),
+    Decomposition(aten.lerp.Scalar, ops.lerp_scalar, backends=_QNN),
+    Decomposition(
+        aten.adaptive_avg_pool3d.default, ops.adaptive_avg_pool3d, _uneven_3d, backends=_QNN
+    ),
+    Decomposition(
+        aten._adaptive_avg_pool3d.default, ops.adaptive_avg_pool3d, _uneven_3d, backends=_QNN
+    ),
     Decomposition(aten.rand_like.default, ops.rand_like),
     Decomposition(aten.randn_like.default, ops.randn_like),
 )
@@ -136,6 +161,7 @@ def needed(
     ep: ExportedProgram, backend: Backend
 ) -> dict[torch._ops.OpOverload, Callable[..., Any]]:
     """The decompositions `ep`'s nodes need on `backend`: op -> function (empty: none)."""
+    # An op may have one entry per backend set (disjoint): the one for `backend` is kept.
     by_op = {d.op: d for d in DECOMPOSITIONS if d.backends is None or backend in d.backends}
     table: dict[torch._ops.OpOverload, Callable[..., Any]] = {}
     for node in ep.graph.nodes:

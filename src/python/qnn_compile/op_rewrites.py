@@ -386,6 +386,22 @@ def grid_sampler(
     return aten.grid_sampler_2d.default(x, grid, interpolation_mode, padding_mode, align_corners)
 
 
+def lerp_scalar(x: torch.Tensor, end: torch.Tensor, weight: float) -> Any:
+    """aten.lerp.Scalar in PyTorch's own two forms (the weight is a number, so the branch is
+    taken here): ``x + w * (end - x)`` below 0.5, ``end - (end - x) * (1 - w)`` from it."""
+    w = float(weight)
+    diff = end - x
+    return x + diff * w if abs(w) < 0.5 else end - diff * (1.0 - w)
+
+
+def max_dim(x: torch.Tensor, dim: int, keepdim: bool = False) -> Any:
+    """aten.max.dim as amax (the values) and argmax (the indices: the first maximum, as PyTorch's
+    max.dim), two single-output ops."""
+    if x.dim() == 0:
+        return NotImplemented
+    return aten.amax.default(x, [dim], keepdim), aten.argmax.default(x, dim, keepdim)
+
+
 def rand_like(x: torch.Tensor, *, dtype: torch.dtype | None = None, **_: Any) -> torch.Tensor:
     """aten.rand_like as aten.rand of the same shape (and dtype unless given)."""
     return torch.rand(list(x.shape), dtype=dtype or x.dtype)

@@ -2,7 +2,9 @@
 expected exception, each with its reason.
 
 A case carries `Rule`s; the first rule whose target and precision patterns match and that sets
-the aspect asked for (outcome or structure) wins, else the defaults below apply. Nothing is
+the aspect asked for (outcome or structure) wins, else the defaults below apply. A native crash
+(`Crashes`) is an expectation too: such a cell runs in a child process, so the crash it asserts
+cannot take the test process down. Nothing is
 skipped silently: a (case, target, precision) the target cannot run at all is not generated (see
 `qnn_testing.matrix`), and every other one resolves to exactly one outcome.
 """
@@ -10,6 +12,7 @@ skipped silently: a (case, target, precision) the target cannot run at all is no
 from __future__ import annotations
 
 import fnmatch
+import signal
 from dataclasses import dataclass
 
 from qnn_common.recipes import Backend, Recipe
@@ -44,7 +47,18 @@ class Raises:
     issue: str | None = None
 
 
-Outcome = Measure | XFail | Raises
+@dataclass(frozen=True)
+class Crashes:
+    """Kills the process with `signal` in native code (a backend library): run in a child process
+    (`op.harness.run_isolated`), and met when the child dies of that signal. Strict like XFail:
+    a child that survives fails the cell, so a fixed crash is noticed."""
+
+    signal: signal.Signals
+    reason: str
+    issue: str | None = None
+
+
+Outcome = Measure | XFail | Raises | Crashes
 
 
 @dataclass(frozen=True)

@@ -7,9 +7,14 @@ target can run by qnn_common's recipe rules (XNNPACK: fp32 and 8a8w; fp16 and LP
 16a16w from V73).
 
 Modes (environment variable `QNN_OP_SUITE`): ``default`` runs the whole catalogue on xnnpack and
-portable; on every HTP arch the `smoke` subset with the arch's precisions dealt round-robin
-(every precision at least once per arch, one program per op: each QNN compile and emulator run
-costs seconds); on V75 also the `qnn` subset at every precision. ``full`` runs every cell.
+portable, and on V75 (`DEFAULT_ARCH`): the `qnn` subset at every precision, every other case once
+at a precision dealt round-robin (every precision exercised, one program per case: each QNN
+compile and emulator run costs seconds). Every other HTP arch runs the `smoke` subset, precisions
+dealt the same way. ``full`` runs every cell.
+
+V75's catalogue deal skips 16a4w_block for a case without a linear layer: LPBQ blocks linear
+weights only, so that cell could only show the refusal and the case would never reach the HTP.
+(The smoke deal keeps plain round-robin: its cells are the ones measured on every arch.)
 """
 
 from __future__ import annotations
@@ -41,7 +46,8 @@ PRECISIONS: tuple[Recipe, ...] = (
     Recipe.A16W4_BLOCK,
 )
 
-# The HTP arch whose target runs the `qnn` subset at every precision by default.
+# The HTP arch whose target runs the whole catalogue by default (and the `qnn` subset at every
+# precision).
 DEFAULT_ARCH = HtpArch.V75
 
 
@@ -139,6 +145,9 @@ class Selectable(Protocol):
     @property
     def qnn(self) -> bool: ...
 
+    @property
+    def linear(self) -> bool: ...
+
 
 @dataclass(frozen=True)
 class Cell:
@@ -154,20 +163,33 @@ class Cell:
         return f"{self.case}-{self.target.name}-{self.precision.value}"
 
 
+def _dealt(
+    target: OpTarget, cases: Sequence[Selectable], *, lpbq_needs_linear: bool
+) -> Iterator[Cell]:
+    """One cell per case, the target's precisions dealt round-robin; with `lpbq_needs_linear`,
+    16a4w_block only to cases with a linear layer (see the module docstring)."""
+    precisions = target.precisions
+    turn = 0
+    for case in cases:
+        while (
+            lpbq_needs_linear
+            and not case.linear
+            and precisions[turn % len(precisions)] is Recipe.A16W4_BLOCK
+        ):
+            turn += 1
+        yield Cell(case.name, target, precisions[turn % len(precisions)])
+        turn += 1
+
+
 def cells(cases: Sequence[Selectable], targets: Sequence[OpTarget], mode: Mode) -> Iterator[Cell]:
     """The cells `mode` runs, target by target, case by case, precision by precision."""
     for target in targets:
-        precisions = target.precisions
         if mode is Mode.FULL or target.backend is not Backend.QNN:
             for case in cases:
-                yield from (Cell(case.name, target, p) for p in precisions)
+                yield from (Cell(case.name, target, p) for p in target.precisions)
+        elif target.arch is DEFAULT_ARCH:
+            for case in (c for c in cases if c.qnn):
+                yield from (Cell(case.name, target, p) for p in target.precisions)
+            yield from _dealt(target, [c for c in cases if not c.qnn], lpbq_needs_linear=True)
         else:
-            done: set[str] = set()
-            if target.arch is DEFAULT_ARCH:
-                for case in (c for c in cases if c.qnn):
-                    done.add(case.name)
-                    yield from (Cell(case.name, target, p) for p in precisions)
-            smoke = [c for c in cases if c.smoke]
-            for i, case in enumerate(smoke):
-                if case.name not in done:
-                    yield Cell(case.name, target, precisions[i % len(precisions)])
+            yield from _dealt(target, [c for c in cases if c.smoke], lpbq_needs_linear=False)

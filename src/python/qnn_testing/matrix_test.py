@@ -10,7 +10,7 @@ from qnn_common.errors import ConfigValidationError
 from qnn_common.recipes import Backend, Recipe
 from qnn_common.soc import HtpArch
 from qnn_testing.cases import CATALOGUE
-from qnn_testing.expect import Measure, Raises, Rule, XFail, resolve
+from qnn_testing.expect import Crashes, Measure, Raises, Rule, XFail, resolve
 from qnn_testing.matrix import (
     DEFAULT_ARCH,
     PRECISIONS,
@@ -77,7 +77,7 @@ def test_a_zero_valued_recipe_enum_is_not_read_as_no_recipe() -> None:
     assert outcome == Measure(())
 
 
-def test_default_mode_runs_the_catalogue_on_host_and_subsets_on_qnn() -> None:
+def test_default_mode_runs_the_catalogue_on_host_and_v75_and_subsets_on_qnn() -> None:
     default = list(cells(CATALOGUE, TARGETS, Mode.DEFAULT))
     per_target: dict[str, list[tuple[str, Recipe]]] = {}
     for cell in default:
@@ -91,13 +91,33 @@ def test_default_mode_runs_the_catalogue_on_host_and_subsets_on_qnn() -> None:
         assert len({case for case, _ in run}) >= 15, target
         assert {p for _, p in run} == set(target.precisions), target  # every precision
         assert len(run) == len(set(run))  # no cell twice
-    v75 = per_target[f"qnn-{DEFAULT_ARCH.name.lower()}"]
+    v75_target = TARGETS_BY_NAME[f"qnn-{DEFAULT_ARCH.name.lower()}"]
+    v75 = per_target[v75_target.name]
     qnn_cases = [c for c in CATALOGUE if c.qnn]
     assert len(qnn_cases) >= 10
     for case in qnn_cases:
-        assert {p for name, p in v75 if name == case.name} == set(
-            TARGETS_BY_NAME["qnn-v75"].precisions
-        )
+        assert {p for name, p in v75 if name == case.name} == set(v75_target.precisions)
+    # Every other case exactly once on V75, the precisions dealt round-robin, LPBQ only to cases
+    # with a linear layer (a case without one would only show the refusal).
+    others = [c for c in CATALOGUE if not c.qnn]
+    dealt = {name: p for name, p in v75 if name not in {c.name for c in qnn_cases}}
+    assert len(v75) == len(qnn_cases) * len(v75_target.precisions) + len(others)
+    assert set(dealt) == {c.name for c in others}
+    counts = [sum(1 for p in dealt.values() if p is q) for q in v75_target.precisions]
+    # Round-robin: no precision gets more than one extra turn, save LPBQ, whose turns the
+    # cases without a linear layer pass on.
+    lpbq = v75_target.precisions.index(Recipe.A16W4_BLOCK)
+    rest = counts[:lpbq] + counts[lpbq + 1 :]
+    assert max(rest) - min(rest) <= 1 and 0 < counts[lpbq] <= min(rest), counts
+    assert all(c.linear for c in others if dealt[c.name] is Recipe.A16W4_BLOCK)
+    # The other archs: the smoke subset, plain round-robin, one cell per case.
+    smoke = [c for c in CATALOGUE if c.smoke]
+    for target in TARGETS:
+        if target.backend is Backend.QNN and target.arch is not DEFAULT_ARCH:
+            ps = target.precisions
+            assert per_target[target.name] == [
+                (c.name, ps[i % len(ps)]) for i, c in enumerate(smoke)
+            ], target
     full = list(cells(CATALOGUE, TARGETS, Mode.FULL))
     assert len(full) == sum(len(t.precisions) for t in TARGETS) * len(CATALOGUE)
 
@@ -107,7 +127,7 @@ def test_every_cell_resolves_to_exactly_one_outcome() -> None:
     for cell in cells(CATALOGUE, TARGETS, Mode.FULL):
         case = index[cell.case]
         outcome, _ = resolve(case.all_rules, cell.target.name, cell.target.backend, cell.precision)
-        assert isinstance(outcome, Measure | XFail | Raises)
+        assert isinstance(outcome, Measure | XFail | Raises | Crashes)
         if isinstance(outcome, Measure):
             assert outcome.checks, cell.id  # no test that asserts nothing
         else:

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from qnn_common.errors import ConfigValidationError
+from qnn_common.errors import ConfigValidationError, StageError
 from qnn_common.tensorio import Sample
 from qnn_testing.expect import EXACT, Outcome, Raises, Rule
 from qnn_testing.structure import Delegation, Structure
@@ -27,7 +27,8 @@ Fn = Callable[..., Any]
 class OpCase:
     """One operator in a tiny module, its inputs, and how it must fare per target and precision.
 
-    `smoke`: in the subset every HTP arch runs by default; `qnn`: in the default V75 subset.
+    `smoke`: in the subset every other HTP arch runs by default; `qnn`: run at every precision on
+    V75 by default (every other case runs there once, see qnn_testing.matrix).
     `integer`: integer / bool outputs, compared exactly, with no q/dq expected. `linear`: the
     module has a linear layer LPBQ can block (without one, 16a4w_block must be refused).
     """
@@ -55,6 +56,7 @@ class OpCase:
             # Integer math: no quantizer annotates it, so a quantized recipe is refused on the
             # host (nothing to quantize); XNNPACK's kernels are float ones.
             implied += nothing_to_quantize("integer and bool ops")
+            implied.append(qnn_nothing_to_quantize("integer and bool ops"))
             implied.append(Rule(outcome=EXACT))
             host = Structure(Delegation.NONE, qdq=False)
             implied += [Rule("xnnpack", structure=host), Rule("portable", structure=host)]
@@ -190,6 +192,26 @@ def nothing_to_quantize(what: str) -> tuple[Rule, ...]:
             match="found no op to quantize",
         ),
     )
+
+
+def qnn_nothing_to_quantize(what: str) -> Rule:
+    """On QNN at every quantized precision: refused, since QNN's quantizer annotates none of
+    `what` (measured on V75 at each of them, 2026-11-30)."""
+    return Rule(
+        "qnn-*",
+        "*a*w*",
+        outcome=Raises(
+            ConfigValidationError,
+            f"QNN's quantizer annotates none of {what}: nothing to quantize",
+            match="found no op to quantize",
+        ),
+    )
+
+
+def qnn_lowering_fails(precisions: str, reason: str, match: str) -> Rule:
+    """On V75 at `precisions`: ExecuTorch's QNN lowering fails (measured); `match` quotes the
+    error (for a context QNN cannot build, what the backend said)."""
+    return Rule("qnn-v75", precisions, outcome=Raises(StageError, reason, match=match))
 
 
 # LPBQ (16a4w_block) blocks linear weights only: a case with no linear has nothing to block.

@@ -1,14 +1,16 @@
 """How much of each case a backend takes, where it is not everything: measured, not guessed.
 
 Recorded from a coverage run (`tests/op/coverage.py`, executorch 1.5.1, 2026-11-30): the ops
-XNNPACK left to the portable kernels, per case and precision. Every case not listed must be fully
-delegated on XNNPACK and QNN (no QNN case of the default subsets left an op outside) and not at
-all on portable. A failure here means a backend now takes more or less: check the op list, then
-update the entry. Keys: case -> precision pattern -> ops left outside (empty: no delegate).
+XNNPACK left to the portable kernels, per case and precision; QNN's, measured on V75, in
+`qnn_testing.cases.delegation_qnn`. Every case not listed must be fully delegated on XNNPACK and
+QNN and not at all on portable. A failure here means a backend now takes more or less: check the
+op list, then update the entry. Keys: case -> precision pattern -> ops left outside (empty: no
+delegate).
 """
 
 from __future__ import annotations
 
+from qnn_testing.cases.delegation_qnn import QNN_V75_OUTSIDE
 from qnn_testing.expect import Rule
 from qnn_testing.structure import Delegation, Structure
 
@@ -373,7 +375,7 @@ DECOMPOSED_OUTSIDE: Outside = {
 XNNPACK_OUTSIDE.update(DECOMPOSED_OUTSIDE)
 
 
-BY_TARGET: dict[str, Outside] = {"xnnpack": XNNPACK_OUTSIDE}
+BY_TARGET: dict[str, Outside] = {"xnnpack": XNNPACK_OUTSIDE, "qnn-v75": QNN_V75_OUTSIDE}
 
 
 def delegation_rules(case: str) -> tuple[Rule, ...]:

@@ -41,6 +41,20 @@ SORT_TIES_8BIT = on_host_at(
 )
 
 
+# QNN's topk (what sort and argsort become) writes its indices as int32 into the int64 output:
+# index 15 reads 15 << 32 = 6.4e10 (measured on V75 at fp16, where the values are right); at
+# 8a8w, 16a8w, 16a16w and 16a4w_block the values come back wrong too (0.0 for 1.34). Upstream
+# delegate or emulator: not ours to fix. sort_descending_dim0's topk (over dim 0) stays outside
+# QNN and is right.
+QNN_TOPK = Rule(
+    "qnn-v75",
+    outcome=XFail(
+        "QNN topk returns int32 indices in the int64 output (15 reads 6.4e10); quantized, its "
+        "values are wrong too"
+    ),
+)
+
+
 def _xnnpack_leaves(op: str) -> Rule:
     """XNNPACK takes the linear and leaves `op` (measured) to the portable kernels."""
     return Rule("xnnpack", structure=Structure(Delegation.PARTIAL, outside=frozenset({op})))
@@ -75,10 +89,12 @@ CASES: tuple[OpCase, ...] = (
         F,
         lambda a: tuple(torch.sort(a, dim=-1)),
         x,
-        rules=SORT_TIES_8BIT,
+        rules=(*SORT_TIES_8BIT, QNN_TOPK),
         note="two outputs",
     ),
-    lin_case("argsort", F, lambda a: torch.argsort(a, dim=-1), x, rules=SORT_TIES_8BIT),
+    lin_case(
+        "argsort", F, lambda a: torch.argsort(a, dim=-1), x, rules=(*SORT_TIES_8BIT, QNN_TOPK)
+    ),
     lin_case(
         "sort_descending_dim0",
         F,
@@ -91,7 +107,7 @@ CASES: tuple[OpCase, ...] = (
         F,
         lambda a: tuple(torch.topk(a, 3, dim=-1)),
         x,
-        rules=(_xnnpack_leaves("aten.topk.default"),),
+        rules=(_xnnpack_leaves("aten.topk.default"), QNN_TOPK),
         note="two outputs",
     ),
     lin_case("cumsum", F, lambda a: torch.cumsum(a, dim=-1), x),
