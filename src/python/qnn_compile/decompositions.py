@@ -35,6 +35,7 @@ from qnn_common.config import Stage
 from qnn_common.errors import BackendNotAvailableError
 from qnn_common.recipes import Backend
 from qnn_compile import op_rewrites as ops
+from qnn_compile import value_rewrites as values
 
 log = logging.getLogger(__name__)
 aten = torch.ops.aten
@@ -137,23 +138,23 @@ DECOMPOSITIONS: tuple[Decomposition, ...] = (
     Decomposition(aten._adaptive_avg_pool3d.default, ops.adaptive_avg_pool3d, backends=_HOST),
     Decomposition(aten.conv3d.default, ops.conv3d_op, backends=_HOST),
     Decomposition(aten.convolution.default, ops.convolution, _weight_5d, backends=_HOST),
-    Decomposition(aten.sort.default, ops.sort),
-    Decomposition(aten.sort.stable, ops.sort_stable),
-    Decomposition(aten.argsort.default, ops.argsort),
-    Decomposition(aten.argsort.stable, ops.argsort_stable),
-    Decomposition(aten.scatter_reduce.two, ops.scatter_reduce),
+    Decomposition(aten.sort.default, values.sort),
+    Decomposition(aten.sort.stable, values.sort_stable),
+    Decomposition(aten.argsort.default, values.argsort),
+    Decomposition(aten.argsort.stable, values.argsort_stable),
+    Decomposition(aten.scatter_reduce.two, values.scatter_reduce),
     Decomposition(aten.grid_sampler.default, ops.grid_sampler),
     Decomposition(aten.grid_sampler_3d.default, ops.grid_sampler_3d),
-    Decomposition(aten.max.dim, ops.max_dim, backends=_QNN),
-    Decomposition(aten.lerp.Scalar, ops.lerp_scalar, backends=_QNN),
+    Decomposition(aten.max.dim, values.max_dim, backends=_QNN),
+    Decomposition(aten.lerp.Scalar, values.lerp_scalar, backends=_QNN),
     Decomposition(
         aten.adaptive_avg_pool3d.default, ops.adaptive_avg_pool3d, _uneven_3d, backends=_QNN
     ),
     Decomposition(
         aten._adaptive_avg_pool3d.default, ops.adaptive_avg_pool3d, _uneven_3d, backends=_QNN
     ),
-    Decomposition(aten.rand_like.default, ops.rand_like),
-    Decomposition(aten.randn_like.default, ops.randn_like),
+    Decomposition(aten.rand_like.default, values.rand_like),
+    Decomposition(aten.randn_like.default, values.randn_like),
 )
 
 
