@@ -52,22 +52,27 @@ STAGES = ("prepare", "quantize", "compile", "infer")
 def _plain(model_name: str, recipe: Recipe, seq_len: int, samples: int, runs: int,
            workdir: Path) -> dict[str, Any]:
     """The bare calls, timed the same way; quantize_program wraps prepare/convert_pt2e only."""
-    t0 = time.perf_counter()
+    steps: dict[str, float] = {}
+    t0 = t = time.perf_counter()
     model = load_model(model_name, seq_len=seq_len)
     program = torch.export.export(model.module, model.example_inputs, strict=False)
+    steps["export"], t = time.perf_counter() - t, time.perf_counter()
     if recipe.is_quantized:
         calibration = make_calibration(model, num_samples=samples, source=None, seed=1126)
         program = quantize_program(program, target=Target(Backend.XNNPACK), recipe=recipe,
                                    calibration=calibration, progress=False)
+        steps["quantize"], t = time.perf_counter() - t, time.perf_counter()
     pte = workdir / "plain.pte"
     lowering = lowering_for(CompileConfig(backend=Backend.XNNPACK, recipe=recipe))
     pte.write_bytes(lower_program(program, lowering).pte)
+    steps["lower"], t = time.perf_counter() - t, time.perf_counter()
     runner = HostRunner(pte)
     runner.run(tuple(model.example_inputs))
     # The pipeline's infer stage times `runs` executions too; so does the plain script.
     latency = measure_latency(runner, tuple(model.example_inputs), warmup=3, runs=runs)
+    steps["execute"] = time.perf_counter() - t
     total = time.perf_counter() - t0
-    return {"total_s": total, "latency": latency, "model": model}
+    return {"total_s": total, "steps_s": steps, "latency": latency, "model": model}
 
 
 def _eager_ms(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], runs: int
@@ -144,6 +149,7 @@ def bench(model_name: str, recipe: Recipe, args: argparse.Namespace) -> dict[str
         "stages_s": stages,
         "pipeline_total_s": round(ours, 2),
         "plain_total_s": round(plain_total, 2),
+        "plain_steps_s": {k: round(v, 2) for k, v in plain["steps_s"].items()},
         "pipeline_vs_plain": round(ours / plain_total, 3),
         "repeats": args.repeats,
         # The per-layer accuracy report is work the plain script does not do at all.

@@ -226,8 +226,34 @@ def convert_program(
     converted = convert_pt2e(prepared)
     if quantized_op_count(converted) == 0:
         raise NothingQuantizedError(target, recipe, converted, 0)
+    dropped = drop_unused_tensors(converted)
+    if dropped:
+        log.debug("%d float tensors the quantized graph no longer reads dropped", dropped)
     example_args, example_kwargs = _example_inputs(ep, samples)
     return torch.export.export(converted, example_args, example_kwargs, strict=False)
+
+
+def drop_unused_tensors(gm: torch.fx.GraphModule) -> int:
+    """Delete the parameters and buffers no node of `gm` reads; returns how many.
+
+    convert_pt2e folds each quantized weight into a new int8 constant but leaves the float
+    original on the module, and export lifts every parameter, read or not: MiniLM 8a8w's
+    program carried 28 MB of float weights nothing used (99 MB on disk), saved, loaded and
+    hashed by every later stage.
+    """
+    used = {str(n.target) for n in gm.graph.nodes if n.op == "get_attr"}
+    names = [name for name, _ in gm.named_parameters(remove_duplicate=False)]
+    names += [name for name, _ in gm.named_buffers(remove_duplicate=False)]
+    dropped = 0
+    for name in names:
+        if name in used:
+            continue
+        owner_path, _, attr = name.rpartition(".")
+        owner = gm.get_submodule(owner_path) if owner_path else gm
+        if hasattr(owner, attr):
+            delattr(owner, attr)
+            dropped += 1
+    return dropped
 
 
 def _check_quantizable(target: Target, recipe: Recipe) -> None:

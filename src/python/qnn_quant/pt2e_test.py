@@ -67,3 +67,16 @@ def test_recipes_xnnpack_cannot_run(programs: Programs, recipe: Recipe) -> None:
     with pytest.raises(ConfigValidationError):
         quantize_program(fp32, target=Target(Backend.XNNPACK), recipe=recipe, calibration=held_out,
                          progress=False)
+
+
+def test_quantized_program_does_not_carry_the_float_weights_it_replaced(
+    programs: Programs,
+) -> None:
+    fp32, quantized, _ = programs
+    float_weights = {
+        n for n, t in fp32.state_dict.items() if t.is_floating_point() and t.dim() == 2
+    }
+    assert float_weights == {"fc1.weight", "fc2.weight"}
+    assert not float_weights & set(quantized.state_dict)  # only their int8 foldings remain
+    int8 = [t for t in quantized.state_dict.values() if t.dtype == torch.int8]
+    assert len(int8) == 2
