@@ -99,6 +99,7 @@ def test_default_rounding_and_refusals() -> None:
     assert QuantizeConfig(recipe=Recipe.A8W8).rounding is WeightRounding.NEAREST
     assert QuantizeConfig(backend=Backend.QNN, soc="SM8650", recipe=Recipe.A16W4,
                           per_channel=False).rounding is WeightRounding.NEAREST
+    # Strings on purpose, as a TOML file or the CLI passes them: the config parses them.
     explicit = QuantizeConfig(recipe=Recipe.A8W8, weight_rounding="gptq")  # type: ignore[arg-type]
     assert explicit.rounding is WeightRounding.GPTQ
     with pytest.raises(ConfigValidationError, match="block-wise scales"):
@@ -107,4 +108,5 @@ def test_default_rounding_and_refusals() -> None:
     with pytest.raises(ConfigValidationError, match="per_channel"):
         QuantizeConfig(recipe=Recipe.A8W8, per_channel=False, weight_rounding=WeightRounding.GPTQ)
     with pytest.raises(ConfigValidationError, match="nearest, gptq|allowed"):
+        # An unknown string, as a typo in a TOML file would give: refused with the choices.
         QuantizeConfig(recipe=Recipe.A8W8, weight_rounding="adaround")  # type: ignore[arg-type]

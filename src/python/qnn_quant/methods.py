@@ -36,6 +36,7 @@ from qnn_quant.pt2e import (
     float_layer_nodes,
     module_path,
     prepare_program,
+    weight_bits,
 )
 
 _STAGE = "quantize"
@@ -80,7 +81,7 @@ def quantize_causal_lm(
         )
     rounding = weight_rounding or default_weight_rounding(recipe, per_channel)
     check_weight_rounding(recipe, rounding, per_channel, "quantize.weight_rounding")
-    bits = recipe.weight_bits or 0
+    bits = weight_bits(recipe)
 
     def calibrate(modules: Mapping[str, torch.nn.Module], desc: str) -> None:
         prefill, decode = method_steps(spec, module_runner(modules, spec), rope)

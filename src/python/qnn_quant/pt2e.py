@@ -143,7 +143,7 @@ def quantize_program_with_gptq(
     if rounding is WeightRounding.GPTQ:
         result = round_weights(
             {"forward": graph_module}, lambda: run(graph_module, "gptq"),
-            bits=_weight_bits(recipe), skip=lambda node: node.name in floats,
+            bits=weight_bits(recipe), skip=lambda node: node.name in floats,
         )
     prepared = prepare_program(
         ep, target=target, recipe=recipe, per_channel=per_channel, block_size=block_size,
@@ -151,12 +151,13 @@ def quantize_program_with_gptq(
     )
     run(prepared, "calibrate")
     if result is not None:
-        pin_weight_scales(prepared, result, _weight_bits(recipe))
+        pin_weight_scales(prepared, result, weight_bits(recipe))
     first = tuple(samples[0].args)
     return convert_program(ep, prepared, target=target, recipe=recipe, samples=[first]), result
 
 
-def _weight_bits(recipe: Recipe) -> int:
+def weight_bits(recipe: Recipe) -> int:
+    """The weight bit width of a quantized recipe."""
     bits = recipe.weight_bits
     assert bits is not None, recipe  # a quantized recipe
     return bits
