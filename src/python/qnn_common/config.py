@@ -49,6 +49,7 @@ from qnn_common.recipes import (
     Backend,
     Recipe,
     WeightRounding,
+    check_dynamic_layers,
     check_recipe,
     check_weight_rounding,
     default_weight_rounding,
@@ -92,6 +93,24 @@ class Stage(enum.StrEnum):
 def _positive(name: str, value: int, minimum: int = 1) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ConfigValidationError(name, value, f"must be an integer >= {minimum}")
+
+
+def _regexes(name: str, value: object) -> tuple[str, ...] | None:
+    """`value` (None, or a list of regular expressions) as a tuple, each pattern compiled once."""
+    if value is None:
+        return None
+    if isinstance(value, str) or not isinstance(value, list | tuple) or not all(
+        isinstance(p, str) for p in value
+    ):
+        raise ConfigValidationError(name, value, "must be a list of regexes")
+    for pattern in value:
+        try:
+            re.compile(pattern)
+        except re.error as err:
+            raise ConfigValidationError(
+                name, pattern, f"not a regular expression: {err}"
+            ) from None
+    return tuple(value)
 
 
 def _bounded(name: str, value: int, minimum: int, maximum: int, why: str) -> None:
@@ -176,9 +195,12 @@ class QuantizeConfig:
     # 16a4w_block (LPBQ) only: weights share a scale in blocks of this many input channels.
     block_size: int = DEFAULT_LPBQ_BLOCK
     report_layers: int = 10
-    # Regexes over nn.Module paths of layers to leave in float. None: the quantizer's default
-    # (8-bit activations keep BERT-style FFN down-projections float); () quantizes everything.
+    # Regexes over nn.Module paths of layers to leave in float. None: the default
+    # (qnn_quant.layers: BERT-style outlier layers at 8-bit activations); () quantizes everything.
     keep_float: tuple[str, ...] | None = None
+    # Regexes over nn.Module paths of linear layers whose activations are quantized at run time
+    # (XNNPACK, portable). None: the default (encoder blocks' linears at 8-bit activations).
+    dynamic_layers: tuple[str, ...] | None = None
     # None: the default (GPTQ for 4-bit per-channel weights, nearest otherwise).
     weight_rounding: WeightRounding | None = None
 
@@ -189,21 +211,10 @@ class QuantizeConfig:
         ):
             object.__setattr__(self, "weight_rounding", parse_enum(
                 WeightRounding, str(self.weight_rounding), "quantize.weight_rounding"))
-        if self.keep_float is not None:
-            if isinstance(self.keep_float, str) or not all(
-                isinstance(p, str) for p in self.keep_float
-            ):
-                raise ConfigValidationError(
-                    "quantize.keep_float", self.keep_float, "must be a list of regexes"
-                )
-            for pattern in self.keep_float:
-                try:
-                    re.compile(pattern)
-                except re.error as err:
-                    raise ConfigValidationError(
-                        "quantize.keep_float", pattern, f"not a regular expression: {err}"
-                    ) from None
-            object.__setattr__(self, "keep_float", tuple(self.keep_float))
+        for name in ("keep_float", "dynamic_layers"):
+            object.__setattr__(self, name, _regexes(f"quantize.{name}", getattr(self, name)))
+        if self.dynamic_layers is not None:
+            check_dynamic_layers(self.backend, self.dynamic_layers, "quantize.dynamic_layers")
         if not self.recipe.is_quantized:
             raise ConfigValidationError(
                 "quantize.recipe",

@@ -95,6 +95,24 @@ def check_weight_rounding(
         )
 
 
+def check_dynamic_layers(
+    backend: Backend, patterns: tuple[str, ...], field: str = "dynamic_layers"
+) -> None:
+    """Refuse dynamically quantized layers where the backend cannot run them, saying why.
+
+    Dynamic quantization chooses an activation's scale at run time from the values it gets
+    (XNNPACK's qd8 GEMMs, portable's choose_qparams kernel). The HTP fixes every scale when its
+    context binary is built, so QNN has none.
+    """
+    if patterns and backend is Backend.QNN:
+        raise ConfigValidationError(
+            field, list(patterns),
+            "the qnn backend fixes every activation scale when the HTP context is built and has "
+            "no run-time (dynamic) quantization; leave dynamic_layers empty, and keep outlier "
+            "layers float (keep_float) or use 16-bit activations (16a8w)",
+        )
+
+
 @dataclass(frozen=True)
 class _Rule:
     min_arch: HtpArch

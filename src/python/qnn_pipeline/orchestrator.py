@@ -283,6 +283,8 @@ def build_summary(
         # "add": 12}): what the recipe really quantized (null for a float program).
         "quantized_ops": metric(Stage.QUANTIZE, "quantized_ops"),
         "quantized_op_kinds": metric(Stage.QUANTIZE, "quantized_op_kinds"),
+        # Of those, ops whose activation scale is chosen at run time (qnn_quant.layers).
+        "dynamic_ops": metric(Stage.QUANTIZE, "dynamic_ops"),
         "pte_bytes": metric(Stage.COMPILE, "pte_bytes"),
         "delegated_ops": metric(Stage.COMPILE, "delegated_ops"),
         "non_delegated_ops": metric(Stage.COMPILE, "non_delegated_ops"),
@@ -341,8 +343,10 @@ def format_summary(summary: dict[str, Any]) -> str:
     kinds = summary.get("quantized_op_kinds")
     if summary.get("quantized_ops") is not None:
         by_kind = ", ".join(f"{k} {n}" for k, n in (kinds or {}).items())
+        dynamic = summary.get("dynamic_ops")
         lines.append(
             f"quantized ops: {summary['quantized_ops']}" + (f" ({by_kind})" if by_kind else "")
+            + (f", of which {dynamic} dynamic (activation scale per call)" if dynamic else "")
         )
     gen = summary.get("generation")
     if gen:

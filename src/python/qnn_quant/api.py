@@ -50,7 +50,7 @@ from qnn_common.tensorio import (
 from qnn_quant.gptq import GptqResult
 from qnn_quant.methods import module_runner, quantize_causal_lm
 from qnn_quant.pt2e import quantize_program_with_gptq
-from qnn_quant.quantized_ops import quantized_op_count, quantized_op_kinds
+from qnn_quant.quantized_ops import dynamic_op_count, quantized_op_count, quantized_op_kinds
 from qnn_quant.report import accuracy_report_and_outputs
 
 PACKAGE = "qnn-quant"
@@ -86,6 +86,7 @@ def run_quantize(inp: QuantizeInput) -> QuantizeOutput:
         block_size=cfg.block_size,
         keep_float=cfg.keep_float,
         weight_rounding=cfg.rounding,
+        dynamic_layers=cfg.dynamic_layers,
     )
     timings["quantize_s"] = time.perf_counter() - t
     log.info("quantized to %s for %s in %.1f s", cfg.recipe, cfg.target, timings["quantize_s"])
@@ -130,6 +131,7 @@ def run_quantize(inp: QuantizeInput) -> QuantizeOutput:
             "model": src.metrics.get("model"),
             "quantized_ops": quantized_op_count(quantized.graph_module),
             "quantized_op_kinds": quantized_op_kinds(quantized.graph_module),
+            "dynamic_ops": dynamic_op_count(quantized.graph_module),
             **_rounding_metrics(cfg, gptq),
             "accuracy": report,
         },
@@ -158,7 +160,7 @@ def _run_quantize_causal_lm(inp: QuantizeInput, src: Manifest, spec: LlmSpec) ->
     quantized, gptq = quantize_causal_lm(
         programs, target=cfg.target, recipe=cfg.recipe, spec=spec, calibration=calibration,
         per_channel=cfg.per_channel, block_size=cfg.block_size, keep_float=cfg.keep_float,
-        rope=rope, weight_rounding=cfg.rounding,
+        rope=rope, weight_rounding=cfg.rounding, dynamic_layers=cfg.dynamic_layers,
     )
     timings["quantize_s"] = time.perf_counter() - t
     log.info("quantized %s to %s for %s in %.1f s", ", ".join(quantized), cfg.recipe,
@@ -191,6 +193,7 @@ def _run_quantize_causal_lm(inp: QuantizeInput, src: Manifest, spec: LlmSpec) ->
             "llm": spec.to_json(),
             "quantized_ops": sum(quantized_op_count(p.graph_module) for p in quantized.values()),
             "quantized_op_kinds": _merged_kinds(quantized.values()),
+            "dynamic_ops": sum(dynamic_op_count(p.graph_module) for p in quantized.values()),
             **_rounding_metrics(cfg, gptq),
             "accuracy": {"vs_fp32": logits_accuracy(reference, fake_quant)},
         },

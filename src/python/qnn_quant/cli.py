@@ -40,10 +40,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="per-tensor weights instead of per-channel")
     p.add_argument("--keep-float", action="append", metavar="REGEX",
                    help="leave layers whose module path matches in float (repeatable); default at "
-                   "8-bit activations: BERT FFN down-projections, and on xnnpack / portable "
-                   "also the residual stream's adds (qnn_quant.pt2e.default_keep_float)")
+                   "8-bit activations: BERT FFN down-projections on qnn, the residual stream's "
+                   "adds on xnnpack / portable (qnn_quant.layers.default_keep_float)")
     p.add_argument("--quantize-all", action="store_true",
                    help="quantize every layer the quantizer can (no float layers)")
+    p.add_argument("--dynamic", action="append", metavar="REGEX", dest="dynamic_layers",
+                   help="quantize the activations of linear layers whose module path matches at "
+                   "run time, per call (repeatable; xnnpack / portable only). Default at 8-bit "
+                   "activations: BERT encoder blocks' linears (qnn_quant.layers)")
+    p.add_argument("--static-only", action="store_true",
+                   help="no dynamically quantized layers: every activation scale from calibration")
     p.add_argument("--block-size", type=int, default=DEFAULT_LPBQ_BLOCK,
                    help="16a4w_block: input channels per weight scale block (default: %(default)s)")
     p.add_argument("--weight-rounding", choices=[r.value for r in WeightRounding],
@@ -72,6 +78,9 @@ def _main(argv: Sequence[str] | None) -> int:
             args.weight_rounding),
         keep_float=() if args.quantize_all else (
             None if args.keep_float is None else tuple(args.keep_float)
+        ),
+        dynamic_layers=() if args.static_only else (
+            None if args.dynamic_layers is None else tuple(args.dynamic_layers)
         ),
     )
     from qnn_quant.api import run_quantize  # torch is imported only past argument checks

@@ -30,11 +30,10 @@ from qnn_common.recipes import (
 )
 from qnn_common.target import Target
 from qnn_quant.gptq import GptqResult, pin_weight_scales, round_weights
+from qnn_quant.layers import module_path, plan_layers
 from qnn_quant.pt2e import (
     convert_program,
     float_graph,
-    float_layer_nodes,
-    module_path,
     prepare_program,
     weight_bits,
 )
@@ -69,6 +68,7 @@ def quantize_causal_lm(
     progress: bool = True,
     rope: tuple[torch.Tensor, torch.Tensor] | None = None,
     weight_rounding: WeightRounding | None = None,
+    dynamic_layers: Sequence[str] | None = None,
 ) -> tuple[dict[str, ExportedProgram], GptqResult | None]:
     """Quantize prefill and decode with shared scales, calibrating on token sequences (`rope`:
     the rotary table of a program whose cache is its inputs and outputs). With GPTQ (the
@@ -91,9 +91,13 @@ def quantize_causal_lm(
                 _reset_cache(module)
 
     graphs = {method: float_graph(ep) for method, ep in programs.items()}
+    plans = {
+        method: plan_layers(gm, target, recipe, keep_float, dynamic_layers)
+        for method, gm in graphs.items()
+    }
     result = None
     if rounding is WeightRounding.GPTQ:
-        floats = float_layer_nodes(graphs[PREFILL], target, recipe, keep_float)
+        floats = plans[PREFILL].float_nodes
         result = round_weights(
             graphs, lambda: calibrate(graphs, "gptq"), bits=bits,
             skip=lambda node: node.name in floats,
@@ -101,7 +105,7 @@ def quantize_causal_lm(
     prepared = {
         method: prepare_program(
             ep, target=target, recipe=recipe, per_channel=per_channel, block_size=block_size,
-            keep_float=keep_float, graph_module=graphs[method],
+            graph_module=graphs[method], plan=plans[method],
         )
         for method, ep in programs.items()
     }

@@ -8,29 +8,13 @@ to_edge_transform_and_lower (XnnpackPartitioner, or the QNN partitioner) into in
 The quantizer comes from the target's backend (`qnn_quant.quantizers`: xnnpack, also for
 portable, and qnn); each module says what it annotates and why.
 
-One choice holds for every backend: under 8-bit activations `OUTLIER_LAYERS` stay in float unless
-the caller says otherwise. BERT-family FFN down projections (BertOutput.dense) are where a few
-outlier channels are written (|x| ~ 200 in all-MiniLM-L6-v2, against a typical 1; Bondarenko et
-al. 2021, "Understanding and Overcoming the Challenges of Efficient Transformer Quantization"); an
-int8 scale for their output is ~200x too coarse for the rest, and the residual stream carries
-those channels through every residual add (BertOutput, BertSelfOutput), the embeddings' sum and
-the attention scores' scale and mask adds. Measured on all-MiniLM-L6-v2, XNNPACK 8a8w, 8 built-in
-calibration sentences, 8 held-out ones, seq 32, embedding cosine vs fp32 (mean, worst): upstream's
-global config 0.841, 0.706; its linear / conv only 0.936, 0.851; the global config (what XNNPACK's
-quantizer here annotates, 2026-11-30) with the six FFN down projections in float 0.830, also
-their residual adds 0.984, 0.963, also the attention residual adds 0.986, 0.968, also the
-embeddings 0.987, 0.964, also the attention scores (the XNNPACK / portable default) 0.993, 0.977;
-the linear-only quantizer with the six projections in float measured 0.993, 0.978: no
-regression. On QNN the default stays the six projections (`OUTLIER_LAYERS`): a float layer runs
-outside the HTP (a partition break), and QNN's quantizer always annotated the adds; pass
-``keep_float=()`` there to trade that accuracy for one partition. 16-bit activations have the
-range to spare, so those recipes quantize everything.
+Which layers stay in float and which quantize their activations at run time (dynamic) is
+`qnn_quant.layers`' business; its docstring has the measurements behind the defaults.
 """
 
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -41,7 +25,6 @@ from tqdm import tqdm
 from qnn_common.config import DEFAULT_LPBQ_BLOCK
 from qnn_common.errors import ConfigValidationError
 from qnn_common.recipes import (
-    Backend,
     Recipe,
     WeightRounding,
     check_recipe,
@@ -52,33 +35,11 @@ from qnn_common.target import Target
 from qnn_common.tensorio import ModelInputs, as_model_inputs
 from qnn_quant.gptq import GptqResult, pin_weight_scales, round_weights
 from qnn_quant.graph_rewrites import constant_matmuls_as_linear
+from qnn_quant.layers import LayerPlan, plan_layers
 from qnn_quant.quantized_ops import NothingQuantizedError, is_observer, quantized_op_count
 from qnn_quant.quantizers import QuantizerSpec, quantizer_for
 
 log = logging.getLogger(__name__)
-
-# Layers left in float under 8-bit activations by default (regular expressions searched in the
-# nn.Module path). See the module docstring for why and for the measurements.
-OUTLIER_LAYERS: tuple[str, ...] = (
-    r"encoder\.layer\.\d+\.output\.dense$",  # the FFN down projections that write the outliers
-)
-# Also left in float on XNNPACK / portable, whose quantizer annotates adds and muls: the ops the
-# outlier channels flow through (see the module docstring).
-RESIDUAL_STREAM: tuple[str, ...] = (
-    r"encoder\.layer\.\d+\.output$",  # the FFN residual add (BertOutput)
-    r"encoder\.layer\.\d+\.attention\.output$",  # the attention residual add (BertSelfOutput)
-    r"attention\.self$",  # attention scores: scale and additive mask
-    r"(^|\.)embeddings$",  # word + position + token type sum (BertEmbeddings)
-)
-
-def default_keep_float(target: Target, recipe: Recipe) -> tuple[str, ...]:
-    """The layers left in float when the caller names none (the module docstring says why)."""
-    if recipe.activation_bits != 8:
-        return ()
-    if target.backend is Backend.QNN:
-        return OUTLIER_LAYERS
-    return OUTLIER_LAYERS + RESIDUAL_STREAM
-
 
 def quantize_program(
     ep: ExportedProgram,
@@ -91,15 +52,19 @@ def quantize_program(
     progress: bool = True,
     keep_float: Sequence[str] | None = None,
     weight_rounding: WeightRounding | None = None,
+    dynamic_layers: Sequence[str] | None = None,
 ) -> ExportedProgram:
     """Quantize `ep` for `target` at `recipe`, calibrating on `calibration`; return a new program.
 
     The target's SoC (QNN) decides which recipes are legal; the rules are checked before any work.
     `keep_float` holds regular expressions searched in each node's nn.Module path (e.g.
-    ``^head$``); matching layers stay in float. None means `default_keep_float` (BERT-family
-    outlier layers at 8-bit activations, nothing otherwise); pass ``()`` to quantize every layer
-    the quantizer supports. `weight_rounding` None means the recipe's default (GPTQ for 4-bit
-    per-channel weights, `qnn_common.recipes.default_weight_rounding`).
+    ``^head$``); matching layers stay in float. None means `qnn_quant.layers.default_keep_float`
+    (BERT-family outlier layers at 8-bit activations, nothing otherwise); pass ``()`` to quantize
+    every layer the quantizer supports. `dynamic_layers` names, the same way, linear layers whose
+    activations are quantized at run time (XNNPACK, portable); None means
+    `qnn_quant.layers.default_dynamic_layers` (encoder blocks' linears at 8-bit activations).
+    `weight_rounding` None means the recipe's default (GPTQ for 4-bit per-channel weights,
+    `qnn_common.recipes.default_weight_rounding`).
     Raises ConfigValidationError for float recipes, recipes the backend cannot run, bad patterns
     and calibration samples that do not fit the program. A sample is a tuple of positional
     arguments, or `ModelInputs` for a program that takes keyword arguments.
@@ -107,7 +72,7 @@ def quantize_program(
     program, _ = quantize_program_with_gptq(
         ep, target=target, recipe=recipe, calibration=calibration, per_channel=per_channel,
         block_size=block_size, progress=progress, keep_float=keep_float,
-        weight_rounding=weight_rounding,
+        weight_rounding=weight_rounding, dynamic_layers=dynamic_layers,
     )
     return program
 
@@ -123,6 +88,7 @@ def quantize_program_with_gptq(
     progress: bool = True,
     keep_float: Sequence[str] | None = None,
     weight_rounding: WeightRounding | None = None,
+    dynamic_layers: Sequence[str] | None = None,
 ) -> tuple[ExportedProgram, GptqResult | None]:
     """`quantize_program`, also returning what GPTQ did (None when weights rounded to nearest)."""
     _check_quantizable(target, recipe)
@@ -138,16 +104,16 @@ def quantize_program_with_gptq(
                 module(*inputs.args, **inputs.kwargs)
 
     graph_module = float_graph(ep)
-    floats = float_layer_nodes(graph_module, target, recipe, keep_float)
+    plan = plan_layers(graph_module, target, recipe, keep_float, dynamic_layers)
     result = None
     if rounding is WeightRounding.GPTQ:
         result = round_weights(
             {"forward": graph_module}, lambda: run(graph_module, "gptq"),
-            bits=weight_bits(recipe), skip=lambda node: node.name in floats,
+            bits=weight_bits(recipe), skip=lambda node: node.name in plan.float_nodes,
         )
     prepared = prepare_program(
         ep, target=target, recipe=recipe, per_channel=per_channel, block_size=block_size,
-        keep_float=keep_float, graph_module=graph_module,
+        graph_module=graph_module, plan=plan,
     )
     run(prepared, "calibrate")
     if result is not None:
@@ -172,16 +138,6 @@ def float_graph(ep: ExportedProgram) -> torch.fx.GraphModule:
     return graph_module
 
 
-def float_layer_nodes(
-    graph_module: torch.fx.GraphModule, target: Target, recipe: Recipe,
-    keep_float: Sequence[str] | None,
-) -> frozenset[str]:
-    """Names of the nodes `keep_float` (None: `default_keep_float`) leaves in float."""
-    if keep_float is None:
-        keep_float = default_keep_float(target, recipe)
-    return _nodes_under(graph_module, _compile_patterns(keep_float))
-
-
 def prepare_program(
     ep: ExportedProgram,
     *,
@@ -190,12 +146,15 @@ def prepare_program(
     per_channel: bool = True,
     block_size: int = DEFAULT_LPBQ_BLOCK,
     keep_float: Sequence[str] | None = None,
+    dynamic_layers: Sequence[str] | None = None,
     graph_module: torch.fx.GraphModule | None = None,
+    plan: LayerPlan | None = None,
 ) -> torch.fx.GraphModule:
     """`ep` with the target's observers inserted (torchao `prepare_pt2e`), ready to calibrate.
 
     The recipe is checked against the target first; see `quantize_program` for the arguments.
-    `graph_module`: `float_graph(ep)` when the caller already has it (e.g. GPTQ-rounded).
+    `graph_module`: `float_graph(ep)` when the caller already has it (e.g. GPTQ-rounded);
+    `plan`: its `qnn_quant.layers.plan_layers`, which then replaces keep_float / dynamic_layers.
     """
     _check_quantizable(target, recipe)
 
@@ -204,12 +163,15 @@ def prepare_program(
 
     if graph_module is None:
         graph_module = float_graph(ep)
-    float_nodes = float_layer_nodes(graph_module, target, recipe, keep_float)
-    spec = QuantizerSpec(target, recipe, per_channel, block_size, float_nodes)
+    if plan is None:
+        plan = plan_layers(graph_module, target, recipe, keep_float, dynamic_layers)
+    spec = QuantizerSpec(
+        target, recipe, per_channel, block_size, plan.float_nodes, plan.dynamic_nodes
+    )
     quantizer = quantizer_for(spec, graph_module)
     prepared: torch.fx.GraphModule = prepare_pt2e(graph_module, quantizer)
     if not any(is_observer(n) for n in prepared.graph.nodes):
-        raise NothingQuantizedError(target, recipe, graph_module, len(float_nodes))
+        raise NothingQuantizedError(target, recipe, graph_module, len(plan.float_nodes))
     return prepared
 
 
@@ -333,40 +295,3 @@ def _check_calibration(
                     f"got {got.dtype} {list(got.shape)}",
                 )
     return samples
-
-
-def _compile_patterns(keep_float: Sequence[str]) -> list[re.Pattern[str]]:
-    if isinstance(keep_float, str):
-        keep_float = (keep_float,)
-    out = []
-    for p in keep_float:
-        try:
-            out.append(re.compile(p))
-        except re.error as err:
-            raise ConfigValidationError(
-                "quantize.keep_float", p, f"not a regular expression: {err}"
-            ) from err
-    return out
-
-
-def module_path(node: torch.fx.Node) -> str | None:
-    """The innermost nn.Module path (e.g. ``hf.encoder.layer.0.output.dense``) of a node."""
-    stack = node.meta.get("nn_module_stack")
-    if not stack:
-        return None
-    path, _ = list(stack.values())[-1]
-    return str(path)
-
-
-def _nodes_under(gm: torch.fx.GraphModule, patterns: list[re.Pattern[str]]) -> frozenset[str]:
-    """Names of call_function nodes whose module path matches any pattern."""
-    if not patterns:
-        return frozenset()
-    names = set()
-    for node in gm.graph.nodes:
-        path = module_path(node) if node.op == "call_function" else None
-        if path is not None and any(p.search(path) for p in patterns):
-            names.add(node.name)
-    return frozenset(names)
-
-

@@ -34,20 +34,44 @@ def _output_quantized(node: torch.fx.Node, hops: int = 3) -> bool:
     return False
 
 
+def _dynamically_quantized(node: torch.fx.Node) -> bool:
+    """Whether `node` reads an activation quantized at run time: dequantize(quantize(x, scale))
+    with a scale a `choose_qparams` computed from x (a dynamic linear; its output is float)."""
+    for dq in node.all_input_nodes:
+        if not (_is_qdq(dq) and "dequantize" in str(dq.target) and dq.args):
+            continue
+        q = dq.args[0]
+        scale = q.args[1] if isinstance(q, torch.fx.Node) and len(q.args) > 1 else None
+        if isinstance(scale, torch.fx.Node) and scale.args and isinstance(
+            scale.args[0], torch.fx.Node
+        ) and "choose_qparams" in str(scale.args[0].target):
+            return True
+    return False
+
+
 def _quantized_nodes(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
-    """Ops between q/dq pairs: they read a dequantized tensor and their output is quantized."""
+    """Ops between q/dq pairs (they read a dequantized tensor and their output is quantized),
+    and ops reading a dynamically quantized activation."""
     return [
         n for n in gm.graph.nodes
         if n.op == "call_function" and not _is_qdq(n)
         and any(_is_qdq(a) and "dequantize" in str(a.target) for a in n.all_input_nodes)
-        and _output_quantized(n)
+        and (_output_quantized(n) or _dynamically_quantized(n))
     ]
+
+
+def dynamic_op_count(gm: torch.fx.GraphModule) -> int:
+    """Ops whose activation input is quantized at run time (`qnn_quant.layers`)."""
+    return sum(
+        1 for n in gm.graph.nodes
+        if n.op == "call_function" and not _is_qdq(n) and _dynamically_quantized(n)
+    )
 
 
 def quantized_op_count(gm: torch.fx.GraphModule) -> int:
     """Ops that read a dequantized tensor and whose output is quantized (a fused relu / batch
-    norm in between allowed): the ops a backend runs quantized. Float ops that merely consume a
-    quantized layer's output are not counted."""
+    norm in between allowed), and dynamically quantized ops: the ops a backend runs quantized.
+    Float ops that merely consume a quantized layer's output are not counted."""
     return len(_quantized_nodes(gm))
 
 

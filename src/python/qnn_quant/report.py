@@ -35,7 +35,7 @@ from torch.export import ExportedProgram
 from qnn_common import metrics
 from qnn_common.tensorio import flatten_outputs
 from qnn_quant.fused_qdq import fuse_qdq_pairs
-from qnn_quant.pt2e import module_path
+from qnn_quant.layers import module_path
 
 # aten op names (OpOverload._opname) whose outputs are compared: the ops that compute something.
 # Views, copies and dtype casts are left out: their error is that of their input.

@@ -17,8 +17,9 @@ from qnn_common.target import Target
 class QuantizerSpec:
     """What a quantizer is built for: a target and recipe, and the choices within them.
 
-    `float_nodes` names the graph nodes to leave in float; `block_size` matters to 16a4w_block
-    (LPBQ) only.
+    `float_nodes` names the graph nodes to leave in float, `dynamic_nodes` the linear nodes whose
+    activations are quantized at run time (`qnn_quant.layers`); `block_size` matters to
+    16a4w_block (LPBQ) only.
     """
 
     target: Target
@@ -26,6 +27,7 @@ class QuantizerSpec:
     per_channel: bool = True
     block_size: int = DEFAULT_LPBQ_BLOCK
     float_nodes: frozenset[str] = frozenset()
+    dynamic_nodes: frozenset[str] = frozenset()
 
 
 class QuantizerProvider(Protocol):

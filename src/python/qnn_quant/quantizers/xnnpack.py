@@ -6,8 +6,8 @@ everything the stock quantizer's global config annotates: linear, conv and trans
 fused relu / batch norm), add and mul (with fused relu), cat, adaptive average pooling, and the
 ops that share their input's scale (max pooling, mean, relu / hardtanh, views, permutes,
 slices). matmul / bmm and sub stay float, as in the stock quantizer (XNNPACK 1.5.1 runs bmm in
-fp32 only). Residual adds whose outputs carry outlier channels (transformers) are kept float by
-`qnn_quant.pt2e.default_keep_float`, not here, so `keep_float` decides.
+fp32 only). Which layers stay float and which linears quantize dynamically (the stock dynamic
+config: activation scale chosen per call) is decided by `qnn_quant.layers`, not here.
 
 Known upstream bug worked around: XNNPACKQuantizer.transform_for_annotation turns every scalar
 argument of aten.add/mul into a float tensor, integer ones too. transformers builds causal masks
@@ -94,4 +94,27 @@ def quantizer(spec: QuantizerSpec, gm: torch.fx.GraphModule) -> Any:
         quantizer.set_filter_function(lambda node: node.name not in spec.float_nodes)
     # An instance attribute shadows the buggy method; prepare_pt2e looks it up on the instance.
     quantizer.transform_for_annotation = _float_scalars_to_attrs
-    return quantizer
+    if not spec.dynamic_nodes:
+        return quantizer
+    return _with_dynamic_linears(quantizer, spec)
+
+
+def _with_dynamic_linears(static: Any, spec: QuantizerSpec) -> Any:
+    """`static`, after a quantizer that annotates `spec.dynamic_nodes` as dynamically quantized
+    linears; the static one then skips the nodes already annotated."""
+    from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
+        XNNPACKQuantizer,
+        get_symmetric_quantization_config,
+    )
+    from torchao.quantization.pt2e.quantizer import ComposableQuantizer
+
+    dynamic = XNNPACKQuantizer()
+    dynamic.set_operator_type(
+        torch.ops.aten.linear.default,
+        get_symmetric_quantization_config(is_per_channel=spec.per_channel, is_dynamic=True),
+    )
+    dynamic.set_filter_function(lambda node: node.name in spec.dynamic_nodes)
+    composed = ComposableQuantizer([dynamic, static])
+    # ComposableQuantizer runs every member's transform; the stock one has the scalar bug.
+    composed.transform_for_annotation = _float_scalars_to_attrs
+    return composed
