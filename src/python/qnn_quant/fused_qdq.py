@@ -71,7 +71,7 @@ def fuse_qdq_pairs(gm: torch.fx.GraphModule) -> int:
 
 
 def _fuse_dynamic_pairs(gm: torch.fx.GraphModule) -> int:
-    """The `.tensor` pairs (run-time qparams) as `fake_quantize_tensor_qparams`; returns how many."""
+    """The `.tensor` pairs (run-time qparams) as `fake_quantize_tensor_qparams`; how many."""
     fused = 0
     for dq in list(gm.graph.nodes):
         if not _is(dq, _DQ, "tensor") or dq.kwargs:
