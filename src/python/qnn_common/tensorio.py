@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from qnn_common import serde_speed
 from qnn_common.atomic import atomic_write_bytes
 from qnn_common.errors import ArtifactError
 from qnn_common.pt2_archive import check_pt2_archive
@@ -377,6 +378,7 @@ def load_program(path: Path) -> torch.export.ExportedProgram:
     for library in _QUANT_OP_LIBRARIES:
         with contextlib.suppress(ImportError):
             importlib.import_module(library)
+    serde_speed.install()
     try:
         return torch.export.load(io.BytesIO(data))
     except Exception as err:  # zipfile, JSON and deserialization errors alike
