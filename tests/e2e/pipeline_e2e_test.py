@@ -44,7 +44,8 @@ def test_minilm_8a8w_embeddings_match_fp32(minilm_8a8w: tuple[Path, dict[str, An
     accuracy = summary["accuracy"]
     assert isinstance(accuracy, dict)
     assert float(accuracy["cosine_vs_fp32"]) >= 0.99
-    assert float(accuracy["sqnr_db_vs_fake_quant"]) >= 15
+    # The reference scales dynamic activations per row, as XNNPACK does (per tensor: ~18 dB).
+    assert float(accuracy["sqnr_db_vs_fake_quant"]) >= 22
     # The encoder's 36 linears quantize their activations per call (qnn_quant.layers).
     assert summary["dynamic_ops"] == 36
     assert summary["quantized_op_kinds"]["linear"] == 36

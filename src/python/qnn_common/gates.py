@@ -35,9 +35,9 @@ class AccuracyGates:
 # * fp16: QNN HTP 65.5 dB (tiny-cnn), 41.0 dB (MiniLM, 6 layers); fp16 rounding accumulates with
 #   depth, so 30 dB (3 % RMS error, cosine ~0.9995) leaves 11 dB for deeper models.
 # * 8-bit activations: XNNPACK MiniLM 8a8w ~20 dB vs fake quant with static linears (the backend
-#   requantizes where fake quant stays float), 18.3 dB with the dynamic ones (XNNPACK scales per
-#   row, fake quant per tensor; the .pte is the closer to fp32, 26.1 dB), tiny-cnn 46 dB: 15 dB
-#   keeps 3 dB margin on the worst.
+#   requantizes where fake quant stays float), 29.0 dB with the dynamic ones (the reference scales
+#   them per row as XNNPACK does; per tensor it read 18.3 dB), tiny-cnn 46 dB: 15 dB keeps 5 dB
+#   margin on the worst.
 # * 16-bit activations: QNN MiniLM 16a8w 47.8 dB, tiny-llama 16a4w 54 dB, 16a4w / 16a16w 45-47
 #   dB vs fake quant: 25 dB keeps 20 dB margin and still catches a program that drifted.
 # * vs fp32, quantized: cosine 0.9 (MiniLM 8a8w 0.99, tiny-llama QNN 16a4w 0.987, MiniLM 16a8w

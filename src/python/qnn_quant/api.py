@@ -47,10 +47,12 @@ from qnn_common.tensorio import (
     save_program,
     save_samples,
 )
+from qnn_quant.fused_qdq import reference_module
 from qnn_quant.gptq import GptqResult
 from qnn_quant.methods import module_runner, quantize_causal_lm
 from qnn_quant.pt2e import quantize_program_with_gptq
 from qnn_quant.quantized_ops import dynamic_op_count, quantized_op_count, quantized_op_kinds
+from qnn_quant.quantizers import dynamic_scale_per_row
 from qnn_quant.report import accuracy_report_and_outputs
 
 PACKAGE = "qnn-quant"
@@ -94,10 +96,12 @@ def run_quantize(inp: QuantizeInput) -> QuantizeOutput:
     t = time.perf_counter()
     # The fp32 outputs on the eval inputs were computed (and sealed) by prepare: not again here.
     reference = load_samples(inp.source / REFERENCE_FP32)
+    # The fake-quant reference computes what the target's kernels compute (qnn_quant.fused_qdq).
+    per_row = dynamic_scale_per_row(cfg.backend)
     if any(s.kwargs for s in eval_inputs):
         # accuracy_report calls the programs positionally; keyword-only inputs get the output
         # comparison alone (the per-layer view needs positional inputs).
-        module = quantized.module()
+        module = reference_module(quantized, dynamic_per_row=per_row)
         with torch.no_grad():
             # Copies: a model that updates an input in place must not change the eval inputs.
             fake_quant = [_call(module, s) for s in eval_inputs]
@@ -112,7 +116,8 @@ def run_quantize(inp: QuantizeInput) -> QuantizeOutput:
         # reference ride on the same forward (the fp32 one only when layers are compared).
         args = [tuple(s.args) for s in eval_inputs]
         report, fake_quant = accuracy_report_and_outputs(
-            program, quantized, args, top_k=cfg.report_layers, fp32_outputs=reference
+            program, quantized, args, top_k=cfg.report_layers, fp32_outputs=reference,
+            dynamic_per_row=per_row,
         )
     timings["report_s"] = time.perf_counter() - t
 
@@ -167,7 +172,10 @@ def _run_quantize_causal_lm(inp: QuantizeInput, src: Manifest, spec: LlmSpec) ->
              cfg.target, timings["quantize_s"])
 
     t = time.perf_counter()
-    modules = {m: program.module() for m, program in quantized.items()}
+    per_row = dynamic_scale_per_row(cfg.backend)
+    modules = {
+        m: reference_module(program, dynamic_per_row=per_row) for m, program in quantized.items()
+    }
     fake_quant = teacher_forced_logits(
         *method_steps(spec, module_runner(modules, spec), rope), eval_tokens, spec
     )

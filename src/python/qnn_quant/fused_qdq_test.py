@@ -8,7 +8,7 @@ import torch
 from qnn_common.recipes import Backend, Recipe
 from qnn_common.soc import lookup_soc
 from qnn_common.target import Target
-from qnn_quant.fused_qdq import fuse_qdq_pairs
+from qnn_quant.fused_qdq import fuse_qdq_pairs, reference_module
 from qnn_quant.pt2e import quantize_program
 
 
@@ -48,3 +48,34 @@ def test_fused_pairs_compute_the_same_bits(
             # Inputs outside the calibrated range too: the clamps must agree as well.
             for scaled in (x, 10 * x):
                 assert torch.equal(plain(scaled), fused(scaled))
+
+
+def test_per_row_fake_quant_gives_each_row_its_own_grid() -> None:
+    from qnn_quant.fused_qdq import fake_quantize_per_row
+
+    torch.manual_seed(1126)
+    x = torch.randn(2, 3, 64) * torch.tensor([0.01, 1.0, 100.0]).view(1, 3, 1)
+    out = fake_quantize_per_row(x, -128, 127)
+    assert out.shape == x.shape
+    rows, got = x.reshape(-1, 64), out.reshape(-1, 64)
+    for row, q in zip(rows, got, strict=True):
+        step = (row.max().clamp(min=0) - row.min().clamp(max=0)) / 255
+        assert (row - q).abs().max() <= step / 2 + 1e-6  # rounding error within its own grid
+    # One scale for the whole tensor would flatten the 0.01 rows to a handful of levels.
+    per_tensor = torch.fake_quantize_per_tensor_affine(x, float(x.abs().max() / 127), 0, -128, 127)
+    assert (out - x)[:, 0].abs().max() < (per_tensor - x)[:, 0].abs().max() / 100
+
+
+def test_dynamic_pairs_per_row_leave_no_qparams_to_compute() -> None:
+    torch.manual_seed(1126)
+    samples = [(3 * torch.randn(8, 16),) for _ in range(4)]
+    fp32 = torch.export.export(_Block().eval(), samples[0], strict=False)
+    program = quantize_program(fp32, target=Target(Backend.XNNPACK), recipe=Recipe.A8W8,
+                               calibration=samples, progress=False, dynamic_layers=(r"^fc",))
+    per_row = reference_module(program, dynamic_per_row=True)
+    names = {str(n.target) for n in per_row.graph.nodes}
+    assert not any("choose_qparams" in n or "quantize_per_tensor.tensor" in n for n in names)
+    with torch.no_grad():
+        ref = fp32.module()(*samples[0])
+        out = per_row(*samples[0])
+    assert torch.nn.functional.cosine_similarity(ref.flatten(), out.flatten(), dim=0) > 0.99

@@ -87,6 +87,7 @@ def accuracy_report_and_outputs(
     *,
     top_k: int = 10,
     fp32_outputs: Sequence[Sequence[torch.Tensor]] | None = None,
+    dynamic_per_row: bool = False,
 ) -> tuple[dict[str, Any], list[tuple[torch.Tensor, ...]]]:
     """`accuracy_report`, plus the quantized program's (fake-quant) outputs on each sample.
 
@@ -94,7 +95,9 @@ def accuracy_report_and_outputs(
     logger modules inserted after them in the graph (no interpreter), and the same pass gives
     the outputs, so a caller that also needs the fake-quant reference runs nothing again.
     `fp32_outputs` (the fp32 outputs on `samples`, e.g. the prepare stage's reference) spares
-    the fp32 program's run when no layer is compared (`top_k` 0).
+    the fp32 program's run when no layer is compared (`top_k` 0). `dynamic_per_row`: dynamically
+    quantized activations get one scale per row, as the target's kernels do
+    (`qnn_quant.fused_qdq`).
     """
     if not samples:
         raise ValueError("accuracy_report needs at least one sample")
@@ -105,7 +108,7 @@ def accuracy_report_and_outputs(
     ref_gm = fp32.module() if top_k > 0 or fp32_outputs is None else None
     layers = _match_layers(ref_gm, q_gm) if top_k > 0 and ref_gm is not None else {}
     # After matching (which reads the q/dq pairs), before instrumenting: same values, ~5x faster.
-    fuse_qdq_pairs(q_gm)
+    fuse_qdq_pairs(q_gm, dynamic_per_row=dynamic_per_row)
     ref_log = _instrument(ref_gm, {name: name for name in layers}) if ref_gm is not None else None
     q_log = _instrument(q_gm, {lay.read: name for name, lay in layers.items()})
 

@@ -52,6 +52,13 @@ def _provider(backend: Backend) -> QuantizerProvider:
     raise BackendNotAvailableError(f"no quantizer for backend {backend!r}")
 
 
+def dynamic_scale_per_row(backend: Backend) -> bool:
+    """Whether `backend`'s kernels give a dynamically quantized activation one scale per row
+    (XNNPACK's qd8 GEMMs: per token) rather than the one per tensor the program's ops choose
+    (portable runs those ops as they are)."""
+    return backend is Backend.XNNPACK
+
+
 def quantizer_for(spec: QuantizerSpec, gm: torch.fx.GraphModule) -> Any:
     """The quantizer that prepares `gm` for `spec.target` at `spec.recipe`."""
     return _provider(spec.target.backend)(spec, gm)
