@@ -14,7 +14,10 @@ fused op with tensor qparams (the decomposed ops read them with `.item()`, as th
 
 With `dynamic_per_row`, those pairs become `fake_quantize_per_row` instead: what XNNPACK's
 dynamically quantized GEMMs (qd8-f32-qc8w) compute, one asymmetric int8 scale per row (token) of
-the activation, where the program's own ops choose one per tensor (what portable computes). Not
+the activation (ExecuTorch's XNNPACK lowering declares a linear's dynamically quantized input
+with num_nonbatch_dims=1: `QuantParams._from_dynamic_input_node` in
+backends/xnnpack/operators/quant_params.py), where the program's own ops choose one per tensor
+(what portable computes). Not
 bitwise anyone's: measured on MiniLM 8a8w (seq 128, 4 eval samples), XNNPACK's .pte agrees with
 it to 26.0-33.4 dB, with the per-tensor reference to 17.5-21.1 dB, and both the .pte and it are
 25.6-27.8 dB from fp32.
