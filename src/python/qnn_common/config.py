@@ -95,7 +95,7 @@ def _positive(name: str, value: int, minimum: int = 1) -> None:
         raise ConfigValidationError(name, value, f"must be an integer >= {minimum}")
 
 
-def _regexes(name: str, value: object) -> tuple[str, ...] | None:
+def regex_list(name: str, value: object) -> tuple[str, ...] | None:
     """`value` (None, or a list of regular expressions) as a tuple, each pattern compiled once."""
     if value is None:
         return None
@@ -212,7 +212,7 @@ class QuantizeConfig:
             object.__setattr__(self, "weight_rounding", parse_enum(
                 WeightRounding, str(self.weight_rounding), "quantize.weight_rounding"))
         for name in ("keep_float", "dynamic_layers"):
-            object.__setattr__(self, name, _regexes(f"quantize.{name}", getattr(self, name)))
+            object.__setattr__(self, name, regex_list(f"quantize.{name}", getattr(self, name)))
         if self.dynamic_layers is not None:
             check_dynamic_layers(self.backend, self.dynamic_layers, "quantize.dynamic_layers")
         if not self.recipe.is_quantized:

@@ -53,6 +53,8 @@ def install() -> None:
         return
     from torch._export.serde import schema, serialize
 
-    if getattr(serialize, "typing", None) is typing:  # the layout this was measured on
-        serialize.typing = _TypingWithCachedHints(vars(schema))  # type: ignore[attr-defined]
+    # Through vars(): `typing` is a name serialize imported, not one it exports.
+    namespace = vars(serialize)
+    if namespace.get("typing") is typing:  # the layout this was measured on
+        namespace["typing"] = _TypingWithCachedHints(vars(schema))
     _installed = True

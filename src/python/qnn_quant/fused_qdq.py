@@ -80,67 +80,55 @@ def fuse_qdq_pairs(gm: torch.fx.GraphModule, *, dynamic_per_row: bool = False) -
     `fake_quantize_per_tensor_affine(x)`, in place, keeping the dequantize node's name (callers
     may have pointed at it); dynamic pairs per row with `dynamic_per_row` (see the module
     docstring). Returns how many pairs were fused."""
-    fused = _fuse_dynamic_pairs(gm, dynamic_per_row)
+    fused = 0
     for dq in list(gm.graph.nodes):
-        if not _is(dq, _DQ) or dq.kwargs:
+        pair = _pair(dq)
+        if pair is None:
             continue
-        q = dq.args[0]
-        if not isinstance(q, torch.fx.Node) or not _is(q, _Q) or q.kwargs:
+        x, scale, zero_point, quant_min, quant_max = pair
+        if isinstance(scale, float) and isinstance(zero_point, int):
+            dq.target = torch.fake_quantize_per_tensor_affine
+            dq.args = (x, scale, zero_point, quant_min, quant_max)
+        elif not (isinstance(scale, torch.fx.Node) and isinstance(zero_point, torch.fx.Node)):
             continue
-        if tuple(dq.args[1:6]) != tuple(q.args[1:6]):
-            continue
-        scale, zero_point, quant_min, quant_max = q.args[1:5]
-        if not isinstance(scale, float) or not all(
-            isinstance(p, int) for p in (zero_point, quant_min, quant_max)
-        ):
-            continue  # tensor-valued scales: leave the pair as it is
-        dq.target = torch.fake_quantize_per_tensor_affine
-        dq.args = (q.args[0], scale, zero_point, quant_min, quant_max)
+        elif dynamic_per_row:  # its choose_qparams is left unread, and erased below
+            dq.target = fake_quantize_per_row
+            dq.args = (x, quant_min, quant_max)
+        else:
+            dq.target = fake_quantize_tensor_qparams
+            dq.args = (x, scale, zero_point, quant_min, quant_max)
         fused += 1
-    for q in list(gm.graph.nodes):
-        if (_is(q, _Q) or _is(q, _Q, "tensor")) and not q.users:
-            gm.graph.erase_node(q)
+    _erase_unread(gm)
     if fused:
         gm.recompile()
     return fused
 
 
-def _fuse_dynamic_pairs(gm: torch.fx.GraphModule, per_row: bool) -> int:
-    """The `.tensor` pairs (run-time qparams) as `fake_quantize_tensor_qparams`, or as
-    `fake_quantize_per_row` (their `choose_qparams` then left unread); how many."""
-    fused = 0
-    for dq in list(gm.graph.nodes):
-        if not _is(dq, _DQ, "tensor") or dq.kwargs:
+def _pair(dq: torch.fx.Node) -> tuple[object, ...] | None:
+    """(x, scale, zero point, quant_min, quant_max) if `dq` dequantizes a quantize of x with the
+    same parameters, in either overload (`.default`: constants; `.tensor`: run-time qparams)."""
+    for overload in ("default", "tensor"):
+        if not _is(dq, _DQ, overload) or dq.kwargs:
             continue
         q = dq.args[0]
-        if not isinstance(q, torch.fx.Node) or not _is(q, _Q, "tensor") or q.kwargs:
-            continue
+        if not isinstance(q, torch.fx.Node) or not _is(q, _Q, overload) or q.kwargs:
+            return None
         if tuple(dq.args[1:6]) != tuple(q.args[1:6]):
-            continue
-        scale, zero_point, quant_min, quant_max = q.args[1:5]
-        if not isinstance(scale, torch.fx.Node) or not isinstance(zero_point, torch.fx.Node):
-            continue
-        if not all(isinstance(p, int) for p in (quant_min, quant_max)):
-            continue
-        if per_row:
-            dq.target = fake_quantize_per_row
-            dq.args = (q.args[0], quant_min, quant_max)
-        else:
-            dq.target = fake_quantize_tensor_qparams
-            dq.args = (q.args[0], scale, zero_point, quant_min, quant_max)
-        fused += 1
-    if per_row:
-        _erase_unread_qparams(gm)
-    return fused
+            return None
+        if not all(isinstance(p, int) for p in q.args[3:5]):
+            return None
+        return tuple(q.args[:5])
+    return None
 
 
-def _erase_unread_qparams(gm: torch.fx.GraphModule) -> None:
-    """Drop the quantize nodes, `getitem`s and `choose_qparams` nodes nothing reads any more."""
+def _erase_unread(gm: torch.fx.GraphModule) -> None:
+    """Drop the quantize nodes, and the `choose_qparams` nodes and their `getitem`s, that nothing
+    reads any more (last first, so that a node's readers go before it)."""
     for node in reversed(list(gm.graph.nodes)):
         if node.users or node.op != "call_function":
             continue
-        if _is(node, _Q, "tensor") or "choose_qparams" in str(node.target) or (
-            node.target is operator.getitem and isinstance(node.args[0], torch.fx.Node)
-            and "choose_qparams" in str(node.args[0].target)
+        source = node.args[0] if node.target is operator.getitem and node.args else node
+        if _is(node, _Q) or _is(node, _Q, "tensor") or (
+            isinstance(source, torch.fx.Node) and "choose_qparams" in str(source.target)
         ):
             gm.graph.erase_node(node)

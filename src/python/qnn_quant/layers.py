@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 import torch
 
-from qnn_common.errors import ConfigValidationError
+from qnn_common.config import regex_list
 from qnn_common.recipes import Backend, Recipe, check_dynamic_layers
 from qnn_common.target import Target
 
@@ -121,16 +121,11 @@ def plan_layers(
 
 
 def compile_patterns(patterns: Sequence[str], field: str) -> list[re.Pattern[str]]:
-    """`patterns` compiled; a bad one is a ConfigValidationError naming `field`."""
+    """`patterns` compiled (a lone string is one pattern); a bad one is a ConfigValidationError
+    naming `field` (`qnn_common.config.regex_list`, the rule QuantizeConfig applies too)."""
     if isinstance(patterns, str):
         patterns = (patterns,)
-    out = []
-    for p in patterns:
-        try:
-            out.append(re.compile(p))
-        except re.error as err:
-            raise ConfigValidationError(field, p, f"not a regular expression: {err}") from err
-    return out
+    return [re.compile(p) for p in regex_list(field, tuple(patterns)) or ()]
 
 
 def module_path(node: torch.fx.Node) -> str | None:

@@ -62,10 +62,7 @@ def _quantized_nodes(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
 
 def dynamic_op_count(gm: torch.fx.GraphModule) -> int:
     """Ops whose activation input is quantized at run time (`qnn_quant.layers`)."""
-    return sum(
-        1 for n in gm.graph.nodes
-        if n.op == "call_function" and not _is_qdq(n) and _dynamically_quantized(n)
-    )
+    return sum(1 for n in _quantized_nodes(gm) if _dynamically_quantized(n))
 
 
 def quantized_op_count(gm: torch.fx.GraphModule) -> int:
