@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -244,6 +245,34 @@ def test_same_inputs_give_the_same_bytes(run: Path, tmp_path: Path) -> None:
     assert quant_main([str(prep), "-o", str(tmp_path / "q")]) == 0
     assert file_digests(tmp_path / "q") == file_digests(quant)
     assert manifest_digest(tmp_path / "q") == manifest_digest(quant)
+
+
+def test_compiling_alone_gives_the_chained_runs_bytes(run: Path, tmp_path: Path) -> None:
+    """The chained run handed the quantized program to compile in memory (program_handoff);
+    compiling its sealed file alone, a fresh load, gives the same .pte. (Quantize alone: the
+    test above.)"""
+    quant, comp = _stage_dir(run, "quantize"), _stage_dir(run, "compile")
+    assert compile_main([str(quant), "-o", str(tmp_path / "c")]) == 0
+    assert file_digests(tmp_path / "c") == file_digests(comp)
+
+
+def test_a_chained_run_loads_no_program_it_saved(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    loads: list[object] = []
+    real_load = torch.export.load
+
+    def counting_load(*args: Any, **kwargs: Any) -> torch.export.ExportedProgram:
+        loads.append(args)
+        return real_load(*args, **kwargs)
+
+    monkeypatch.setattr(torch.export, "load", counting_load)
+    assert pipeline_main([*TINY_CNN, "--out", str(tmp_path / "out")]) == 0
+    assert loads == []
+    # Resumed from the quantized artifact, compile has nothing in memory: it reads the file.
+    assert pipeline_main(["--from", str(_stage_dir(tmp_path / "out", "quantize")),
+                          "--out", str(tmp_path / "resumed"), "--runs", "3"]) == 0
+    assert len(loads) == 1
 
 
 def test_concurrent_runs_into_one_out_wait_and_reuse(tmp_path: Path) -> None:

@@ -30,7 +30,7 @@ _CHUNK = 1 << 20
 RACY_NS = 20_000_000
 
 
-class _State(NamedTuple):
+class FileState(NamedTuple):
     """What identifies a file's content without reading it, for the memo's purposes."""
 
     dev: int
@@ -40,11 +40,12 @@ class _State(NamedTuple):
     ctime_ns: int
 
 
-def _state(st: os.stat_result) -> _State:
-    return _State(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+def file_state(st: os.stat_result) -> FileState:
+    """What this module trusts to say a file's content has not changed (see the docstring)."""
+    return FileState(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
-_memo: dict[str, tuple[_State, str]] = {}
+_memo: dict[str, tuple[FileState, str]] = {}
 _lock = threading.Lock()
 # How many files were read and hashed (not answered from the memo): for tests and benchmarks.
 _hashed = 0
@@ -76,14 +77,14 @@ def sha256_file(path: Path) -> str:
     """Hex sha256 of a file's content, read and hashed only if it may have changed since the
     last time this process hashed it (see the module docstring)."""
     key = os.path.abspath(path)
-    before = _state(os.stat(path))
+    before = file_state(os.stat(path))
     with _lock:
         known = _memo.get(key)
     if known is not None and known[0] == before:
         return known[1]
     started = time.time_ns()
     digest = _hash(Path(path))
-    after = _state(os.stat(path))
+    after = file_state(os.stat(path))
     # Remember only a digest of a file that did not change while it was read, and whose last
     # change lies far enough back that a rewrite in the same clock tick cannot hide behind it.
     if after == before and started - max(after.mtime_ns, after.ctime_ns) >= RACY_NS:

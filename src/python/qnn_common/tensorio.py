@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from qnn_common import serde_speed
+from qnn_common import program_handoff, serde_speed
 from qnn_common.atomic import atomic_write_bytes
 from qnn_common.errors import ArtifactError
 from qnn_common.pt2_archive import check_pt2_archive
@@ -326,11 +326,15 @@ def save_program(path: Path, program: torch.export.ExportedProgram) -> None:
     """Save an ExportedProgram (.pt2) atomically; the same program gives the same bytes.
 
     Renumbers the graph ids in the nodes' provenance metadata in place (see _stable_provenance).
+    In a chained run (`program_handoff.handing_over`) the program is then kept for the next
+    stage's `load_program` of this file: the caller must not change it after saving.
     """
     _stable_provenance(program)
     buffer = io.BytesIO()
     torch.export.save(program, buffer)
-    atomic_write_bytes(path, buffer.getvalue())
+    data = buffer.getvalue()
+    atomic_write_bytes(path, data)
+    program_handoff.offer(path, program, data)
 
 
 def _stable_provenance(program: torch.export.ExportedProgram) -> None:
@@ -370,6 +374,9 @@ def load_program(path: Path) -> torch.export.ExportedProgram:
     """
     if not path.is_file():
         raise ArtifactError(path, "does not exist")
+    handed = program_handoff.take(path)  # saved earlier in this chained run, file unchanged
+    if handed is not None:
+        return handed
     # Read once: the bytes checked are the bytes loaded, whatever happens to the file meanwhile.
     data = path.read_bytes()
     check_pt2_archive(path, data)
