@@ -6,15 +6,19 @@ For each model and recipe (XNNPACK; 8a8w and fp32 by default), in one process (t
 noisy, so only ratios measured side by side are reported):
 - the pipeline's per-stage seconds (fresh output directory, so every stage runs);
 - the plain script: the same export -> PT2E quantize -> lower -> to_executorch -> execute calls
-  with nothing around them (no manifests, hashing, references, reports);
+  with nothing around them (no manifests, hashing, references, reports), lowering as stock torch
+  does it (`share_provenance=False`: every pass deep-copies every node's provenance, which the
+  compile stage skips, see qnn_compile.provenance);
 - the .pte's latency p50 / p90 vs. eager fp32 PyTorch on the same input, threads and run count;
 - with `--rss` (default: minilm), each stage again as its own CLI process, for its peak RSS
   (`stage_process.run_stage`).
 
-What the pipeline does on top of the plain calls, and the plain script does not: save and reload
-the program between stages, the fake-quant reference, the accuracy report (its per-layer part is
-in the "report s" column), hashing and manifests. Prints one Markdown table; `--json` also writes
-the rows, the machine and the date.
+What the pipeline does on top of the plain calls, and the plain script does not: save each
+stage's program (a chained run hands it to the next stage in memory, qnn_common.program_handoff),
+the fake-quant reference, the accuracy report (its per-layer part is in the "report s" column),
+hashing and manifests. The "overhead s" column is that work in seconds, lowering left out of
+both sides: (pipeline - its lowering) - (plain - its lowering). Prints one Markdown table;
+`--json` also writes the rows, the machine and the date.
 """
 
 from __future__ import annotations
@@ -64,7 +68,10 @@ def _plain(model_name: str, recipe: Recipe, seq_len: int, samples: int, runs: in
         steps["quantize"], t = time.perf_counter() - t, time.perf_counter()
     pte = workdir / "plain.pte"
     lowering = lowering_for(CompileConfig(backend=Backend.XNNPACK, recipe=recipe))
-    pte.write_bytes(lower_program(program, lowering).pte)
+    t_lower = time.perf_counter()
+    lowered = lower_program(program, lowering, share_provenance=False)
+    lower_s = time.perf_counter() - t_lower  # what the compile stage records as lower_s
+    pte.write_bytes(lowered.pte)
     steps["lower"], t = time.perf_counter() - t, time.perf_counter()
     runner = HostRunner(pte)
     runner.run(tuple(model.example_inputs))
@@ -72,7 +79,8 @@ def _plain(model_name: str, recipe: Recipe, seq_len: int, samples: int, runs: in
     latency = measure_latency(runner, tuple(model.example_inputs), warmup=3, runs=runs)
     steps["execute"] = time.perf_counter() - t
     total = time.perf_counter() - t0
-    return {"total_s": total, "steps_s": steps, "latency": latency, "model": model}
+    return {"total_s": total, "steps_s": steps, "lower_s": lower_s, "latency": latency,
+            "model": model}
 
 
 def _eager_ms(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], runs: int
@@ -127,18 +135,24 @@ def bench(model_name: str, recipe: Recipe, args: argparse.Namespace) -> dict[str
                    Path(tmp))
         ours_s: list[float] = []
         plain_s: list[float] = []
+        # Each run's seconds outside lowering, for the overhead column.
+        ours_rest: list[float] = []
+        plain_rest: list[float] = []
         for i in range(args.repeats):
             for which in ("ours", "plain") if i % 2 == 0 else ("plain", "ours"):
                 t0 = time.perf_counter()
                 if which == "ours":
                     result = run_pipeline(ctx)
                     ours_s.append(time.perf_counter() - t0)
+                    lower_s = _timing(result, Stage.COMPILE, "lower_s") or 0.0
+                    ours_rest.append(ours_s[-1] - lower_s)
                 else:
                     plain = _plain(model_name, recipe, args.seq_len, args.calibration_samples,
                                    args.runs, Path(tmp))
                     plain_s.append(plain["total_s"])
+                    plain_rest.append(plain["total_s"] - plain["lower_s"])
         ours = statistics.median(ours_s)
-        report_s = _quantize_timing(result, "report_s") if recipe.is_quantized else None
+        report_s = _timing(result, Stage.QUANTIZE, "report_s") if recipe.is_quantized else None
         plain_total = statistics.median(plain_s)
     model = plain["model"]
     eager_p50, eager_p90 = _eager_ms(model.module, tuple(model.example_inputs), args.runs)
@@ -156,6 +170,10 @@ def bench(model_name: str, recipe: Recipe, args: argparse.Namespace) -> dict[str
         "plain_total_s": round(plain_total, 2),
         "plain_steps_s": {k: round(v, 2) for k, v in plain["steps_s"].items()},
         "pipeline_vs_plain": round(ours / plain_total, 3),
+        # Medians over the repeats, lowering out of both sides.
+        "overhead_s": round(statistics.median(ours_rest) - statistics.median(plain_rest), 2),
+        "pipeline_lower_s": round(lower_s, 2),  # the last run's
+        "plain_lower_s": round(plain["lower_s"], 2),
         "repeats": args.repeats,
         "warmup_round": args.warmup_round,
         # The per-layer accuracy report is work the plain script does not do at all.
@@ -173,10 +191,10 @@ def bench(model_name: str, recipe: Recipe, args: argparse.Namespace) -> dict[str
     }
 
 
-def _quantize_timing(result: Any, key: str) -> float | None:
+def _timing(result: Any, stage: Stage, key: str) -> float | None:
     from qnn_common.manifest import load_manifest
 
-    record = next(r for r in result.records if r.stage is Stage.QUANTIZE)
+    record = next(r for r in result.records if r.stage is stage)
     return load_manifest(record.artifact, verify=False).timings.get(key)
 
 
@@ -189,9 +207,10 @@ def table(rows: list[dict[str, Any]]) -> str:
     """The rows as one Markdown table."""
     lines = [
         "| model | recipe | prepare s | quantize s | compile s | infer s | pipeline s | plain s "
-        "| pipeline / plain | of which report s | .pte p50 / p90 ms | eager fp32 p50 / p90 ms "
+        "| pipeline / plain | lowering s ours / plain | overhead s | of which report s "
+        "| .pte p50 / p90 ms | eager fp32 p50 / p90 ms "
         "| .pte / eager | ops outside XNNPACK | peak RSS MB prep / quant / comp / infer |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         s, rss = r["stages_s"], r["peak_rss_mb"]
@@ -200,7 +219,9 @@ def table(rows: list[dict[str, Any]]) -> str:
             f"| {r['model']} | {r['recipe']} | {_cell(s, 'prepare', '.1f')} | "
             f"{_cell(s, 'quantize', '.1f')} | {_cell(s, 'compile', '.1f')} | "
             f"{_cell(s, 'infer', '.1f')} | {r['pipeline_total_s']:.1f} | "
-            f"{r['plain_total_s']:.1f} | **{r['pipeline_vs_plain']:.2f}x** | {report} | "
+            f"{r['plain_total_s']:.1f} | **{r['pipeline_vs_plain']:.2f}x** | "
+            f"{r['pipeline_lower_s']:.1f} / {r['plain_lower_s']:.1f} | "
+            f"{r['overhead_s']:+.1f} | {report} | "
             f"{r['pte_p50_ms']:.2f} / {r['pte_p90_ms']:.2f} | "
             f"{r['eager_fp32_p50_ms']:.2f} / {r['eager_fp32_p90_ms']:.2f} | "
             f"**{r['pte_vs_eager_fp32']:.2f}x** | {r['non_delegated_ops']} | "

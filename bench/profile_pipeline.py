@@ -32,6 +32,8 @@ OVERHEAD = (
     ("qnn_common/manifest.py", "write_manifest"),
     ("qnn_common/manifest.py", "manifest_digest"),
     ("qnn_common/tensorio.py", "load_program"),
+    ("qnn_common/program_handoff.py", "offer"),
+    ("qnn_common/program_handoff.py", "take"),
     ("qnn_common/tensorio.py", "save_program"),
     ("qnn_common/tensorio.py", "save_samples"),
     ("qnn_common/tensorio.py", "load_samples"),

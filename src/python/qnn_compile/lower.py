@@ -72,6 +72,7 @@ def lower_program(
     lowering: BackendLowering,
     *,
     etrecord_path: Path | None = None,
+    share_provenance: bool = True,
 ) -> LoweredProgram:
     """Lower `ep` with a backend's `lowering` (see `qnn_compile.backends`) to .pte bytes.
 
@@ -82,6 +83,9 @@ def lower_program(
     With `etrecord_path`, also write an ETRecord there (the exported, edge and ExecuTorch graphs
     plus debug handles) so devtools' Inspector can map ETDump events back to source ops.
 
+    `share_provenance=False` lowers with torch's own per-pass deep copies of every node's
+    provenance (`qnn_compile.provenance`): the same bytes, slower; for comparisons (bench/).
+
     Raises:
         MissingKernelError: an operator left outside the delegates has no kernel in the
             ExecuTorch runtime (or refuses the program's tensor ranks); names each and what to do.
@@ -89,6 +93,8 @@ def lower_program(
             the upstream error does (and, for QNN, the library's own error lines), and the
             upstream exception is chained.
     """
+    if not share_provenance:
+        return _lower(ep, lowering, etrecord_path)
     with sharing_node_sources():  # 25 % of lowering was copying provenance (see the module)
         return _lower(ep, lowering, etrecord_path)
 

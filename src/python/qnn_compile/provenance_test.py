@@ -11,8 +11,8 @@ from torch.fx.traceback import NodeSource
 
 from qnn_common.config import CompileConfig
 from qnn_common.recipes import Backend, Recipe
-from qnn_compile import lower
 from qnn_compile.backends import lowering_for
+from qnn_compile.lower import lower_program
 from qnn_compile.provenance import sharing_node_sources
 
 
@@ -89,8 +89,8 @@ def test_lowering_gives_the_same_pte(backend: Backend) -> None:
     """The real lowering with torch's own deep copies and with sharing: the same bytes, debug
     handles included."""
     lowering = lowering_for(CompileConfig(backend=backend, recipe=Recipe.A8W8))
-    stock = lower._lower(_quantized_program(), lowering, None).pte
-    assert lower.lower_program(_quantized_program(), lowering).pte == stock
+    stock = lower_program(_quantized_program(), lowering, share_provenance=False).pte
+    assert lower_program(_quantized_program(), lowering).pte == stock
 
 
 def test_every_node_keeps_its_provenance() -> None:
