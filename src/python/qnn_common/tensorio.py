@@ -325,7 +325,7 @@ _QUANT_OP_LIBRARIES = ("torchao.quantization.pt2e", "torchao.quantization.quant_
 def save_program(path: Path, program: torch.export.ExportedProgram) -> None:
     """Save an ExportedProgram (.pt2) atomically; the same program gives the same bytes.
 
-    Renumbers the graph ids in the nodes' provenance metadata in place (see _stable_provenance).
+    Gives the nodes renumbered copies of their provenance metadata (see _stable_provenance).
     In a chained run (`program_handoff.handing_over`) the program is then kept for the next
     stage's `load_program` of this file: the caller must not change it after saving.
     """
@@ -343,27 +343,41 @@ def _stable_provenance(program: torch.export.ExportedProgram) -> None:
     torch records `id(graph)`, a memory address, for every graph a node came from (PT2E
     quantization adds several); saved as is, the same program gives different bytes in every
     process. The ids only tell graphs apart, which the renumbering keeps.
-    """
-    numbers: dict[int, int] = {}
-    seen: set[int] = set()
 
-    def visit(source: Any) -> None:
-        if id(source) in seen:  # shared between nodes: renumber once
-            return
-        seen.add(id(source))
-        info = getattr(source, "node_info", None)
+    The nodes get renumbered copies of their provenance; the NodeSource objects themselves are
+    left alone, since other programs may share them (a program lowered by
+    `qnn_compile.lower_program` shares them with its edge program). A source shared by several
+    nodes is copied once and stays shared. The bytes are those of the former in-place renumbering
+    (same order of appearance): MiniLM's programs saved before and after are identical.
+    """
+    from torch.fx.traceback import NodeSource
+
+    numbers: dict[int, int] = {}
+    copies: dict[int, NodeSource] = {}
+
+    def renumbered(source: NodeSource) -> NodeSource:
+        known = copies.get(id(source))
+        if known is not None:
+            return known
+        new = copy.copy(source)
+        info = source.node_info
         if info is not None and isinstance(info.graph_id, int):
-            info.graph_id = numbers.setdefault(info.graph_id, len(numbers))
-        if hasattr(source, "_dict"):
-            source._dict = None  # to_dict() caches the old id
-        for parent in getattr(source, "from_node", None) or ():
-            visit(parent)
+            new.node_info = NodeSource.NodeInfo(
+                info.name, info.target, numbers.setdefault(info.graph_id, len(numbers))
+            )
+        new._dict = None  # to_dict() caches the old id
+        copies[id(source)] = new  # before the parents: numbered in the order they were before
+        new.from_node = [renumbered(parent) for parent in source.from_node or ()]
+        return new
 
     for module in program.graph_module.modules():
         if isinstance(module, torch.fx.GraphModule):
             for node in module.graph.nodes:
-                for source in node.meta.get("from_node", None) or ():
-                    visit(source)
+                sources = node.meta.get("from_node", None)
+                if sources:
+                    node.meta["from_node"] = [
+                        renumbered(s) if isinstance(s, NodeSource) else s for s in sources
+                    ]
 
 
 def load_program(path: Path) -> torch.export.ExportedProgram:

@@ -37,6 +37,21 @@ def test_the_same_program_gives_the_same_bytes_under_any_name(tmp_path: Path) ->
     assert torch.equal(program.module()(x), _export().module()(x))
 
 
+def test_saving_leaves_shared_provenance_objects_alone(tmp_path: Path) -> None:
+    """The graph ids are renumbered on copies: a NodeSource another program may share (one a
+    lowering shared, see qnn_compile.provenance) keeps its id."""
+    program = _export().run_decompositions()  # a pass: its nodes record where they came from
+    node = next(n for n in program.graph.nodes if n.meta.get("from_node"))
+    source = node.meta["from_node"][0]
+    before = source.graph_id
+    save_program(tmp_path / "a.pt2", program)
+    assert source.graph_id == before and before > 1000  # still torch's id(graph)
+    assert node.meta["from_node"][0] is not source
+    assert node.meta["from_node"][0].graph_id < 10  # what was saved: the renumbered copy
+    save_program(tmp_path / "b.pt2", _export().run_decompositions())
+    assert (tmp_path / "a.pt2").read_bytes() == (tmp_path / "b.pt2").read_bytes()
+
+
 def test_samples_bytes_do_not_depend_on_the_file_name(tmp_path: Path) -> None:
     samples = [(torch.arange(6.0).reshape(2, 3), torch.ones(2, dtype=torch.int64))]
     save_samples(tmp_path / "one.pt", samples)
