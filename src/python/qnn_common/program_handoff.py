@@ -20,8 +20,8 @@ run is never handed over; both are loaded from disk (measured: otherwise the qua
 program's saved KV cache differed from a standalone run's).
 
 The state is per context (a ContextVar): pipelines in other threads, and stages run alone, never
-see it. A program handed over compiles to the same `.pte` bytes as the one loaded from its file
-(`program_handoff_test`, and the end-to-end chained-vs-standalone test).
+see it. Quantizing and compiling a chained run's files alone, each a fresh load, give the same
+bytes as the chained run (`tests/reliability/artifacts_test.py`).
 """
 
 from __future__ import annotations
