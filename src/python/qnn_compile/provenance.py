@@ -51,7 +51,9 @@ def sharing_node_sources() -> Iterator[None]:
     global _active, _ours
     with _lock:
         if _active == 0 and "__deepcopy__" not in vars(NodeSource):
-            setattr(NodeSource, "__deepcopy__", _share)  # noqa: B010 (a class attribute torch lacks)
+            # setattr, not an assignment: torch declares no __deepcopy__, which mypy would
+            # flag; B010 prefers the assignment.
+            setattr(NodeSource, "__deepcopy__", _share)  # noqa: B010
             _ours = True
         _active += 1
     try:

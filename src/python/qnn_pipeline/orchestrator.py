@@ -149,6 +149,9 @@ def _cached(out_dir: Path, stage: Stage, key: str) -> Manifest | None:
 
 
 @cleans_up_artifacts  # unsealed staging directories and locks of a failed run
+# Each program a stage saves goes to the next stage in memory, not through a reload
+# (qnn_common.program_handoff); the files are written and verified all the same.
+@program_handoff.handing_over()
 def run_pipeline(ctx: PipelineContext, *, from_artifact: Path | None = None) -> PipelineResult:
     """Run the stages `ctx` asks for and write `ctx.out_dir/summary.json`."""
     first = start_of(from_artifact) if from_artifact is not None else Stage.PREPARE
@@ -172,56 +175,53 @@ def run_pipeline(ctx: PipelineContext, *, from_artifact: Path | None = None) -> 
     source = from_artifact
     records: list[StageRecord] = []
     manifests: dict[Stage, Manifest] = {}
-    # Each program a stage saves goes to the next stage in memory, not through a reload
-    # (qnn_common.program_handoff); the files are written and verified all the same.
-    with program_handoff.handing_over():
-        for stage in Stage:
-            past_stop = ctx.stop_after is not None and stage.position > ctx.stop_after.position
-            if stage.position < first.position or stage in ctx.skip or past_stop:
-                records.append(StageRecord(stage, "skipped"))
-                log.info("%s skipped", stage)
-                continue
-            spec = _SPECS[stage]
-            inp = spec.make_input(ctx, source, Path())
-            key = spec.cache_key(inp)
-            out_dir = ctx.out_dir / f"{stage}-{key[:12]}"
-            cached = None if ctx.force else _cached(out_dir, stage, key)
-            gate_error: AccuracyGateError | None = None
-            if cached is not None:
-                log.info("%s cached: %s is up to date", stage, out_dir)
-                program_handoff.discard()  # the next stage reads this artifact, not the last
-                records.append(StageRecord(stage, "cached", 0.0, out_dir))
-                manifests[stage] = cached
-                if stage is Stage.INFER:
-                    # Same program, inputs and gates: a run that failed its gates fails again.
-                    try:
-                        check_accuracy_gates(out_dir, cached)
-                    except AccuracyGateError as err:
-                        gate_error = err
-            else:
-                log.info("%s started", stage)
-                t = time.perf_counter()
+    for stage in Stage:
+        past_stop = ctx.stop_after is not None and stage.position > ctx.stop_after.position
+        if stage.position < first.position or stage in ctx.skip or past_stop:
+            records.append(StageRecord(stage, "skipped"))
+            log.info("%s skipped", stage)
+            continue
+        spec = _SPECS[stage]
+        inp = spec.make_input(ctx, source, Path())
+        key = spec.cache_key(inp)
+        out_dir = ctx.out_dir / f"{stage}-{key[:12]}"
+        cached = None if ctx.force else _cached(out_dir, stage, key)
+        gate_error: AccuracyGateError | None = None
+        if cached is not None:
+            log.info("%s cached: %s is up to date", stage, out_dir)
+            program_handoff.discard()  # the next stage reads this artifact, not the last
+            records.append(StageRecord(stage, "cached", 0.0, out_dir))
+            manifests[stage] = cached
+            if stage is Stage.INFER:
+                # Same program, inputs and gates: a run that failed its gates fails again.
                 try:
-                    manifests[stage] = spec.run(dataclasses.replace(inp, out_dir=out_dir)).manifest
-                except AccuracyGateError as err:  # the stage ran and sealed its artifact
-                    manifests[stage] = err.manifest
+                    check_accuracy_gates(out_dir, cached)
+                except AccuracyGateError as err:
                     gate_error = err
-                except PipelineError as err:
-                    if err.stage is None:
-                        err.stage = stage
-                    raise
-                except Exception as err:  # anything unforeseen still names the stage it broke in
-                    raise StageError(stage, f"failed: {type(err).__name__}: {err}", err) from err
-                seconds = time.perf_counter() - t
-                log.info("%s completed in %.1f s -> %s", stage, seconds, out_dir)
-                records.append(StageRecord(stage, "ran", round(seconds, 3), out_dir))
-            if gate_error is not None:
-                # The run is complete (infer is last) but wrong: write the summary, with accuracy.ok
-                # false and the numbers, for the dashboards, then fail the pipeline.
-                records.extend(StageRecord(s, "skipped") for s in list(Stage)[stage.position + 1:])
-                _write_summary(ctx, records, manifests)
-                raise gate_error
-            source = out_dir
+        else:
+            log.info("%s started", stage)
+            t = time.perf_counter()
+            try:
+                manifests[stage] = spec.run(dataclasses.replace(inp, out_dir=out_dir)).manifest
+            except AccuracyGateError as err:  # the stage ran and sealed its artifact
+                manifests[stage] = err.manifest
+                gate_error = err
+            except PipelineError as err:
+                if err.stage is None:
+                    err.stage = stage
+                raise
+            except Exception as err:  # anything unforeseen still names the stage it broke in
+                raise StageError(stage, f"failed: {type(err).__name__}: {err}", err) from err
+            seconds = time.perf_counter() - t
+            log.info("%s completed in %.1f s -> %s", stage, seconds, out_dir)
+            records.append(StageRecord(stage, "ran", round(seconds, 3), out_dir))
+        if gate_error is not None:
+            # The run is complete (infer is last) but wrong: write the summary, with accuracy.ok
+            # false and the numbers, for the dashboards, then fail the pipeline.
+            records.extend(StageRecord(s, "skipped") for s in list(Stage)[stage.position + 1:])
+            _write_summary(ctx, records, manifests)
+            raise gate_error
+        source = out_dir
     summary, summary_path = _write_summary(ctx, records, manifests)
     return PipelineResult(tuple(records), summary, summary_path)
 
