@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import os
 import re
 import time
 from collections.abc import Callable
@@ -38,6 +39,7 @@ from qnn_infer.api import infer_cache_key, run_infer
 from qnn_infer.gates import AccuracyGateError, check_accuracy_gates
 from qnn_prepare.api import prepare_cache_key, run_prepare
 from qnn_prepare.causal_lm import check_prompt_fits
+from qnn_prepare.models import task_for
 from qnn_quant.api import quantize_cache_key, run_quantize
 
 log = logging.getLogger(__name__)
@@ -169,9 +171,11 @@ def run_pipeline(ctx: PipelineContext, *, from_artifact: Path | None = None) -> 
             prefill_len=ctx.prepare.prefill_len, prompt=generation.prompt,
             max_new_tokens=generation.max_new_tokens,
         )
-    # The previous run's summary must not pass for this run's if this one fails.
-    with contextlib.suppress(FileNotFoundError, NotADirectoryError):
-        (ctx.out_dir / SUMMARY_NAME).unlink()
+    if first is Stage.PREPARE:
+        task_for(ctx.prepare)  # a model that names nothing fails here, before --out is touched
+    # Only now, the run known to be valid: the previous run's summary must not pass for this
+    # run's if this one fails. A file of that name that is not ours is refused, not replaced.
+    _remove_previous_summary(ctx.out_dir / SUMMARY_NAME)
     source = from_artifact
     records: list[StageRecord] = []
     manifests: dict[Stage, Manifest] = {}
@@ -224,6 +228,37 @@ def run_pipeline(ctx: PipelineContext, *, from_artifact: Path | None = None) -> 
         source = out_dir
     summary, summary_path = _write_summary(ctx, records, manifests)
     return PipelineResult(tuple(records), summary, summary_path)
+
+
+# Keys every summary this pipeline writes has had (build_summary): how a previous run's file is
+# told from a user's own `summary.json`.
+_SUMMARY_KEYS = frozenset({"model", "backend", "recipe", "stages", "accuracy"})
+
+
+def is_our_summary(path: Path) -> bool:
+    """Whether `path` is a regular file (not a symlink) holding a summary this pipeline wrote."""
+    if path.is_symlink() or not path.is_file():
+        return False
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(raw, dict) and _SUMMARY_KEYS <= raw.keys() and isinstance(
+        raw["stages"], list
+    )
+
+
+def _remove_previous_summary(path: Path) -> None:
+    if not os.path.lexists(path):
+        return
+    if not is_our_summary(path):
+        raise ArtifactError(
+            path,
+            "exists and is not a summary this pipeline wrote; refusing to replace it with this "
+            "run's: move it away, or choose another --out",
+        )
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
 
 
 def _write_summary(
