@@ -13,7 +13,7 @@ import torch
 import qnn_infer
 from qnn_common.config import InferConfig, Stage
 from qnn_common.errors import ConfigValidationError
-from qnn_common.llm import GenerationConfig, LlmSpec
+from qnn_common.llm import GenerationConfig, LlmSpec, feed
 from qnn_common.manifest import (
     Manifest,
     begin_artifact,
@@ -44,7 +44,9 @@ from qnn_infer.causal_lm import generation_latency, run_generation, teacher_forc
 from qnn_infer.device import device_runner
 from qnn_infer.gates import check_accuracy_gates, judge_accuracy
 from qnn_infer.generate import PteLm
+from qnn_infer.isolation import Rehearsal, Step, rehearse_unless_own
 from qnn_infer.measure import measure_latency
+from qnn_infer.pte import check_pte_header
 from qnn_infer.runner import HostRunner, Runner
 from qnn_infer.runtimes import delegates_in, prepare_runtime, set_cpu_threads
 
@@ -114,16 +116,20 @@ def run_infer(inp: InferInput) -> InferOutput:
     else:
         backends = delegates_in(pte)
     runtime = prepare_runtime(backends)
+    threads: int | None = None  # the host's CPU threads; a device run uses the device's own
+    if cfg.device is None:
+        threads = set_cpu_threads(cfg.threads)
+    # Before anything is written: a program that aborts the runtime is one error line.
+    check_pte_header(pte)
+    rehearse_unless_own(pte, _loading(pte) if cfg.device is not None else _running(pte, flat))
 
     out = begin_artifact(inp.out_dir, inputs=[inp.source, cfg.inputs_file])
     etdump = out / ETDUMP if cfg.etdump else None
     host: HostRunner | None = None
     runner: Runner
-    threads: int | None = None  # the host's CPU threads; a device run uses the device's own
     if cfg.device is not None:  # InferConfig refuses etdump with a device
         runner = device_runner(pte, cfg, backends, runtime, arch)
     else:
-        threads = set_cpu_threads(cfg.threads)
         # Event tracing is switched on at load time; it also traces (and slows) the timed runs.
         runner = host = HostRunner(pte, example_inputs=flat[0], etdump_path=etdump)
     t = time.perf_counter()
@@ -179,9 +185,12 @@ def _run_infer_causal_lm(
     target, recipe = compiled_for(inp.source, upstream)
     runtime = prepare_runtime({target.backend})
     generation_cfg = cfg.generation or GenerationConfig()
-    out = begin_artifact(inp.out_dir, inputs=[inp.source])
     threads = set_cpu_threads(cfg.threads)
-    lm = PteLm(pte, spec, rope_of(inp.source, upstream))
+    rope = rope_of(inp.source, upstream)
+    check_pte_header(pte)
+    rehearse_unless_own(pte, _generating(pte, spec, rope))
+    out = begin_artifact(inp.out_dir, inputs=[inp.source])
+    lm = PteLm(pte, spec, rope)
     t = time.perf_counter()
     accuracy = teacher_forced_accuracy(lm, inp.source, spec, have)
     check_s = time.perf_counter() - t
@@ -204,6 +213,48 @@ def _run_infer_causal_lm(
     )
     check_accuracy_gates(inp.out_dir, manifest)
     return InferOutput(inp.out_dir, manifest)
+
+
+# What the runtime does first with a program this process did not compile, rehearsed in a child
+# (qnn_infer.isolation): the same loads and the same inputs as the run that follows.
+
+
+def _running(pte: Path, samples: Sequence[Sequence[Any]]) -> Rehearsal:
+    def rehearsal(step: Step) -> None:
+        step("loading it")
+        runner = HostRunner(pte, example_inputs=samples[0])
+        for i, sample in enumerate(samples):
+            step(f"running it on sample {i}")
+            runner.run(tuple(sample))
+
+    return rehearsal
+
+
+def _loading(pte: Path) -> Rehearsal:
+    """A device run: the host only loads the program, for its output metadata."""
+
+    def rehearsal(step: Step) -> None:
+        from executorch.runtime import Runtime
+
+        step("loading it")
+        Runtime.get().load_program(pte).metadata("forward")
+
+    return rehearsal
+
+
+def _generating(
+    pte: Path, spec: LlmSpec, rope: tuple[torch.Tensor, torch.Tensor] | None
+) -> Rehearsal:
+    """A causal LM: load both methods, then one prefill window and one decode step."""
+
+    def rehearsal(step: Step) -> None:
+        step("loading it")
+        lm = PteLm(pte, spec, rope)
+        step("running prefill and decode")
+        tokens = [spec.pad_token_id] * min(spec.prefill_len + 1, spec.max_seq_len)
+        feed(lm.prefill, lm.decode, tokens, 0, spec)
+
+    return rehearsal
 
 
 def _seal(
