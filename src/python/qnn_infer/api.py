@@ -46,6 +46,7 @@ from qnn_infer.gates import check_accuracy_gates, judge_accuracy
 from qnn_infer.generate import PteLm
 from qnn_infer.isolation import Rehearsal, Step, rehearse_unless_own
 from qnn_infer.measure import measure_latency
+from qnn_infer.program_check import check_program_matches
 from qnn_infer.pte import check_pte_header
 from qnn_infer.runner import HostRunner, Runner
 from qnn_infer.runtimes import delegates_in, prepare_runtime, set_cpu_threads
@@ -80,6 +81,14 @@ def run_infer(inp: InferInput) -> InferOutput:
     llm = llm_spec_of(inp.source, upstream) if upstream is not None else None
     if upstream is not None and llm is not None:
         return _run_infer_causal_lm(inp, upstream, pte, have, llm)
+    if cfg.generation is not None:
+        # Not silently dropped: a run that ignored the prompt would pass for one that generated.
+        raise ConfigValidationError(
+            "infer.generation", {"prompt": cfg.generation.prompt[:40]},
+            f"{inp.source} is not a causal-LM program with a KV cache, so there is nothing to "
+            "generate with; compile one from a KV-cache export (qnn-prepare --kv-cache), or drop "
+            "--prompt and the other generation settings",
+        )
     eval_inputs = load_inputs(inp.source / EVAL_INPUTS) if EVAL_INPUTS in have else None
     # References were computed on the eval inputs: they judge the program only on those.
     references_apply = cfg.inputs_file is None and eval_inputs is not None
@@ -111,6 +120,7 @@ def run_infer(inp: InferInput) -> InferOutput:
     recipe: Recipe | None = None  # unknown for a bare .pte: only gates set explicitly apply
     if upstream is not None:
         target, recipe = compiled_for(inp.source, upstream)
+        check_program_matches(inp.source, upstream)  # what the summary will report is what runs
         backends = {target.backend}
         arch = target.soc.htp_arch if target.soc is not None else None
     else:
@@ -183,6 +193,7 @@ def _run_infer_causal_lm(
             "drop --device / --inputs / --etdump",
         )
     target, recipe = compiled_for(inp.source, upstream)
+    check_program_matches(inp.source, upstream)
     runtime = prepare_runtime({target.backend})
     generation_cfg = cfg.generation or GenerationConfig()
     threads = set_cpu_threads(cfg.threads)

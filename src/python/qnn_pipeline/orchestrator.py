@@ -37,6 +37,7 @@ from qnn_common.stages import (
 from qnn_compile.api import compile_cache_key, run_compile
 from qnn_infer.api import infer_cache_key, run_infer
 from qnn_infer.gates import AccuracyGateError, check_accuracy_gates
+from qnn_infer.program_check import check_program_matches
 from qnn_prepare.api import prepare_cache_key, run_prepare
 from qnn_prepare.causal_lm import check_prompt_fits
 from qnn_prepare.models import task_for
@@ -139,6 +140,9 @@ def _cached(out_dir: Path, stage: Stage, key: str) -> Manifest | None:
         return None
     try:
         manifest = load_manifest(out_dir, expect_stage=stage, expect_cache_key=key)
+        if stage is Stage.COMPILE:
+            # A re-sealed artifact around another program must not be reported as this one.
+            check_program_matches(out_dir, manifest)
     except ArtifactError as err:
         # The path says which file failed; the reason's own advice ("rerun the stage") is what
         # happens next anyway, so it is not repeated as if the user had to act.
@@ -164,6 +168,15 @@ def run_pipeline(ctx: PipelineContext, *, from_artifact: Path | None = None) -> 
         log.info("QNN %s at %s%s", sdk.qnn_version, sdk.root,
                  " (x86 dev SDK, bridged)" if sdk.bridged else "")
     generation = ctx.infer.generation
+    if first is Stage.PREPARE and generation is not None and not ctx.prepare.kv_cache:
+        # Without a KV cache the program is a plain forward: the prompt would be dropped, and
+        # the run would exit 0 as if it had generated.
+        raise ConfigValidationError(
+            "infer.generation", {"prompt": generation.prompt[:40]},
+            "generation needs a causal LM exported with a KV cache, and prepare.kv_cache is "
+            "off: set `kv_cache = true` under [prepare] (what --prompt does), or remove "
+            "[infer.generation]",
+        )
     if first is Stage.PREPARE and ctx.prepare.kv_cache and generation is not None:
         # A prompt the context cannot hold is refused before minutes of export and lowering.
         check_prompt_fits(
@@ -243,9 +256,9 @@ def is_our_summary(path: Path) -> bool:
         raw = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
-    return isinstance(raw, dict) and _SUMMARY_KEYS <= raw.keys() and isinstance(
-        raw["stages"], list
-    )
+    if not isinstance(raw, dict):
+        return False
+    return raw.keys() >= _SUMMARY_KEYS and isinstance(raw["stages"], list)
 
 
 def _remove_previous_summary(path: Path) -> None:
