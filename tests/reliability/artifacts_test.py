@@ -376,6 +376,8 @@ def test_a_failed_run_leaves_nothing_behind(
     monkeypatch.syspath_prepend(str(tmp_path))
     out = tmp_path / "out"
     out.mkdir()
-    (out / "summary.json").write_text('{"from": "the previous run"}')
+    # A previous run's summary (one of ours: a user's own file of that name is refused instead).
+    previous = {"model": "m", "backend": "xnnpack", "recipe": "8a8w", "stages": [], "accuracy": {}}
+    (out / "summary.json").write_text(json.dumps(previous))
     assert pipeline_main(["--model", "broken_model:make", "--out", str(out)]) != 0
     assert sorted(p.name for p in out.iterdir()) == []

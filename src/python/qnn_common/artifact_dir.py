@@ -85,7 +85,15 @@ def check_output_dir(out_dir: Path, inputs: Iterable[Path | None] = ()) -> None:
                 f"lies inside the input directory {given}; writing there "
                 "would change the input: choose a directory outside it (-o)",
             )
-    if out.is_symlink() or (out.exists() and not out.is_dir()):
+    if out.is_symlink():
+        target = "a directory" if out.is_dir() else "a file" if out.exists() else "nothing"
+        raise ArtifactError(
+            out_dir,
+            f"is a symbolic link (to {target}); an artifact is published by renaming a new "
+            "directory to this name, which would replace the link, not fill what it points to: "
+            f"give the real path (-o {os.path.realpath(out)}) or another output directory",
+        )
+    if out.exists() and not out.is_dir():
         raise ArtifactError(
             out_dir,
             "exists and is not a directory: choose another output directory (-o), or remove it",

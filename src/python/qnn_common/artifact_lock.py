@@ -13,11 +13,15 @@ names the file it locked, and starts over. The kernel drops an flock when its pr
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import logging
 import os
+import stat
 import threading
 from pathlib import Path
+
+from qnn_common.errors import ArtifactError
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +52,9 @@ def is_locked_here(directory: Path) -> bool:
 def acquire_artifact_lock(directory: Path) -> None:
     """Block until this process holds the write lock of `directory` (a no-op if it already does).
 
-    Creates the parent directory if needed (the lock file lives there).
+    Creates the parent directory if needed (the lock file lives there). Raises ArtifactError if
+    something other than a regular file of its own stands at the lock file's name (a symlink, a
+    directory, a FIFO, a hard link to another file): it is refused, never written through.
     """
     key = _key(directory)
     with _REGISTRY:
@@ -58,7 +64,7 @@ def acquire_artifact_lock(directory: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     waited = False
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        fd = _open_lock_file(path)
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -80,6 +86,48 @@ def acquire_artifact_lock(directory: Path) -> None:
         # The previous holder deleted (or replaced) the file while we waited: our lock guards
         # nothing, start over on whatever the path names now.
         os.close(fd)
+
+
+# O_NOFOLLOW: a symlink planted at the lock's name fails the open (ELOOP) instead of having its
+# target truncated to our PID, or created when it dangles. O_NONBLOCK: a FIFO planted there must
+# not hang the open (it has no effect on a regular file).
+_OPEN_FLAGS = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+def _open_lock_file(path: Path) -> int:
+    """Open (creating it) the lock file at `path`: only a regular file we may own, never a link.
+
+    Raises ArtifactError for a symlink, a non-regular file or a file with other hard links: that
+    name is ours to create and delete, so whatever stands there was put there by someone else,
+    and writing our PID into it would destroy it.
+    """
+    try:
+        fd = os.open(path, _OPEN_FLAGS, 0o666)
+    except OSError as err:
+        if err.errno == errno.EISDIR:
+            raise ArtifactError(
+                path,
+                "is a directory, where this pipeline keeps a lock file it creates and deletes "
+                "itself: remove or rename that directory and rerun",
+            ) from None
+        if err.errno != errno.ELOOP:
+            raise
+        raise ArtifactError(
+            path,
+            "is a symbolic link where this pipeline keeps a lock file; refusing to follow it "
+            "(locking would overwrite or create the file it points to): remove the link and "
+            "rerun",
+        ) from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink > 1:
+        os.close(fd)
+        what = "has other hard links" if stat.S_ISREG(st.st_mode) else "is not a regular file"
+        raise ArtifactError(
+            path,
+            f"{what}, where this pipeline keeps a lock file it creates and deletes itself; "
+            "refusing to write into it: remove it (it is not one of ours) and rerun",
+        )
+    return fd
 
 
 def _names_same_file(path: Path, fd: int) -> bool:

@@ -51,6 +51,12 @@ def atomic_path(path: Path) -> Iterator[Path]:
         with open(tmp, "rb+") as fh:
             os.fsync(fh.fileno())
         os.replace(tmp, path)
+    except OSError as err:
+        if err.filename is not None:
+            raise
+        # A failed write() or fsync() (a full disk, a quota) carries no file name, and the
+        # user's error line would name no path: it is the file being written.
+        raise OSError(err.errno, err.strerror or str(err), str(path)) from err
     finally:
         tmp.unlink(missing_ok=True)
 

@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType, TracebackType
 
+from qnn_common.artifact_dir import cleans_up_artifacts
 from qnn_common.errors import ConfigValidationError, PipelineError, StageError
 from qnn_common.noise import quiet_third_party
 
@@ -270,7 +271,9 @@ def run_cli(main: Callable[[Sequence[str] | None], int], argv: Sequence[str] | N
     previous_hook = sys.unraisablehook
     sys.unraisablehook = _redeliver_swallowed_signals(previous_hook)
     try:
-        return main(argv)
+        # A failed stage's staging directory and lock go when this call ends, not only at exit
+        # (atexit): a process that calls a CLI's main() again and again leaves none behind either.
+        return cleans_up_artifacts(main)(argv)
     except PipelineError as err:
         _print_error(err)
         return EXIT_ERROR

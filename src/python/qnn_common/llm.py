@@ -92,7 +92,9 @@ class GenerationConfig:
 
     `temperature` 0 is greedy (argmax); otherwise logits are divided by it, cut to the `top_k`
     most likely tokens (0: all) and to the smallest set whose probability reaches `top_p`, and
-    sampled with a generator seeded by `seed`, so a run repeats exactly.
+    sampled with a generator seeded by `seed`, so a run repeats exactly. Greedy decoding uses
+    none of those three: they are reset to their defaults, so that the config a greedy run records
+    (and its infer cache key) does not depend on settings that changed nothing.
     """
 
     prompt: str = "Once upon a time"
@@ -119,6 +121,26 @@ class GenerationConfig:
             raise ConfigValidationError("generation.top_k", self.top_k, "must be >= 0 (0: all)")
         if not 0 < self.top_p <= 1:
             raise ConfigValidationError("generation.top_p", self.top_p, "must be in (0, 1]")
+        check_seed(self.seed, "generation.seed")
+        if self.temperature == 0:
+            for name in ("top_k", "top_p", "seed"):
+                object.__setattr__(self, name, _SAMPLER_DEFAULTS[name])
+
+
+# torch.Generator.manual_seed takes an unsigned 64-bit seed.
+SEED_LIMIT = 2**64
+
+
+def check_seed(seed: object, field: str) -> None:
+    """Refuse a sampler seed torch cannot take (it would fail deep inside generation)."""
+    if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < SEED_LIMIT:
+        raise ConfigValidationError(
+            field, seed, "must be a whole number in [0, 2**64): the sampler's generator "
+            "takes an unsigned 64-bit seed"
+        )
+
+
+_SAMPLER_DEFAULTS: dict[str, Any] = {"top_k": 0, "top_p": 1.0, "seed": 0}
 
 
 def check_fits(prompt_tokens: int, max_new_tokens: int, spec: LlmSpec) -> None:

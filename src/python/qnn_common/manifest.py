@@ -237,9 +237,13 @@ def write_manifest(
             raise ArtifactError(p, "an output must lie inside the artifact directory")
         if Path(rel) == Path(MANIFEST_NAME):
             raise ArtifactError(p, f"{MANIFEST_NAME} is the seal itself; don't list it")
+        if (link := _symlink_in(artifact_dir, rel)) is not None:
+            raise _refuse_symlink(link)
         if not p.is_file():
             raise ArtifactError(p, "listed as an output but was not written")
     for extra in _unlisted(artifact_dir, listed):
+        if extra.is_symlink():
+            raise _refuse_symlink(extra)
         if is_temp_name(extra.name):
             extra.unlink(missing_ok=True)  # orphaned by a killed write; never sealed
         else:
@@ -273,13 +277,39 @@ def write_manifest(
 
 
 def _unlisted(artifact_dir: Path, listed: set[Path]) -> list[Path]:
-    """Files under `artifact_dir` that are neither listed nor the manifest."""
+    """Files under `artifact_dir` that are neither listed nor the manifest, and every symlink.
+
+    A symlink is never part of an artifact, whether it points to a file or a directory (rglob
+    does not descend into a linked directory, whose files would otherwise go unchecked).
+    """
     return sorted(
         p
         for p in artifact_dir.rglob("*")
-        if not p.is_dir()
-        and (rel := p.relative_to(artifact_dir)) not in listed
-        and rel != Path(MANIFEST_NAME)
+        if p.is_symlink()
+        or (
+            not p.is_dir()
+            and (rel := p.relative_to(artifact_dir)) not in listed
+            and rel != Path(MANIFEST_NAME)
+        )
+    )
+
+
+def _symlink_in(artifact_dir: Path, rel: str) -> Path | None:
+    """The first symlink along `rel` below `artifact_dir`, if any."""
+    p = artifact_dir
+    for part in Path(rel).parts:
+        p = p / part
+        if p.is_symlink():
+            return p
+    return None
+
+
+def _refuse_symlink(link: Path) -> ArtifactError:
+    return ArtifactError(
+        link,
+        "is a symbolic link; an artifact holds its own files and directories, and the manifest "
+        "vouches for nothing a link points to: replace it with the real file or directory, or "
+        "rerun the stage that made the artifact",
     )
 
 
@@ -359,6 +389,8 @@ def load_manifest(
             _verify_entry(artifact_dir, entry)
         listed = {Path(f.path) for f in manifest.files}
         for extra in _unlisted(artifact_dir, listed):
+            if extra.is_symlink():
+                raise _refuse_symlink(extra)
             raise ArtifactError(
                 extra,
                 "is not listed in the artifact's manifest, which vouches only for listed files; "
@@ -388,6 +420,8 @@ def _verify_entry(artifact_dir: Path, entry: FileEntry) -> None:
     p = artifact_dir / entry.path
     if Path(entry.path).is_absolute() or ".." in Path(entry.path).parts:
         raise ArtifactError(p, "manifest lists a path outside the artifact directory")
+    if (link := _symlink_in(artifact_dir, entry.path)) is not None:
+        raise _refuse_symlink(link)
     if not p.is_file():
         raise ArtifactError(p, "listed in the manifest but missing; rerun the stage")
     size = p.stat().st_size

@@ -51,6 +51,9 @@ WARNING_MESSAGES: tuple[tuple[type[Warning], str], ...] = ((FutureWarning, r".*L
 NATIVE_NOISE: tuple[re.Pattern[str], ...] = (re.compile(r"^\[cpuinfo_utils\.cpp:\d+\] "),)
 
 _quiet = False
+# Off in a process whose fd 2 is already captured whole (qnn_infer.isolation's child): there the
+# filter's temp file would swallow what the process prints before a crash.
+_filter_native = True
 
 
 class _DropKnownNoise(logging.Filter):
@@ -88,6 +91,12 @@ def quiet_third_party() -> None:
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 
+def stop_filtering_native_output() -> None:
+    """Make `native_noise_filtered` a no-op in this process from now on (see `_filter_native`)."""
+    global _filter_native
+    _filter_native = False
+
+
 def is_quiet() -> bool:
     """Whether `quiet_third_party` is in force (False with -v, or outside our CLIs)."""
     return _quiet
@@ -102,7 +111,7 @@ def native_noise_filtered() -> Iterator[None]:
     Does nothing unless `quiet_third_party` is in force (so library callers and -v see it all),
     or when there is no real stderr.
     """
-    if not _quiet:
+    if not _quiet or not _filter_native:
         yield
         return
     try:

@@ -13,6 +13,7 @@ from pathlib import Path
 from torch.export import ExportedProgram
 
 import qnn_compile
+from qnn_common import own_programs
 from qnn_common.config import CompileConfig, Stage
 from qnn_common.errors import ConfigValidationError
 from qnn_common.manifest import (
@@ -132,6 +133,7 @@ def run_compile(inp: CompileInput) -> CompileOutput:
     lowered = lower_program(program, lowering, etrecord_path=etrecord)
     seconds = time.perf_counter() - t
     atomic_write_bytes(out / PTE, lowered.pte)
+    own_programs.remember(lowered.pte)  # the infer stage may run it in-process, unrehearsed
     log.info(
         "lowered for %s in %.1f s: %d ops delegated, %d not, %d partition(s), %d bytes",
         cfg.target, seconds, lowered.delegated_ops, lowered.non_delegated_ops,

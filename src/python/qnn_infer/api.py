@@ -13,7 +13,7 @@ import torch
 import qnn_infer
 from qnn_common.config import InferConfig, Stage
 from qnn_common.errors import ConfigValidationError
-from qnn_common.llm import GenerationConfig, LlmSpec
+from qnn_common.llm import GenerationConfig, LlmSpec, feed
 from qnn_common.manifest import (
     Manifest,
     begin_artifact,
@@ -44,7 +44,10 @@ from qnn_infer.causal_lm import generation_latency, run_generation, teacher_forc
 from qnn_infer.device import device_runner
 from qnn_infer.gates import check_accuracy_gates, judge_accuracy
 from qnn_infer.generate import PteLm
+from qnn_infer.isolation import Rehearsal, Step, rehearse_unless_own
 from qnn_infer.measure import measure_latency
+from qnn_infer.program_check import check_program_matches
+from qnn_infer.pte import check_pte_header
 from qnn_infer.runner import HostRunner, Runner
 from qnn_infer.runtimes import delegates_in, prepare_runtime, set_cpu_threads
 
@@ -78,6 +81,14 @@ def run_infer(inp: InferInput) -> InferOutput:
     llm = llm_spec_of(inp.source, upstream) if upstream is not None else None
     if upstream is not None and llm is not None:
         return _run_infer_causal_lm(inp, upstream, pte, have, llm)
+    if cfg.generation is not None:
+        # Not silently dropped: a run that ignored the prompt would pass for one that generated.
+        raise ConfigValidationError(
+            "infer.generation", {"prompt": cfg.generation.prompt[:40]},
+            f"{inp.source} is not a causal-LM program with a KV cache, so there is nothing to "
+            "generate with; compile one from a KV-cache export (qnn-prepare --kv-cache), or drop "
+            "--prompt and the other generation settings",
+        )
     eval_inputs = load_inputs(inp.source / EVAL_INPUTS) if EVAL_INPUTS in have else None
     # References were computed on the eval inputs: they judge the program only on those.
     references_apply = cfg.inputs_file is None and eval_inputs is not None
@@ -109,21 +120,26 @@ def run_infer(inp: InferInput) -> InferOutput:
     recipe: Recipe | None = None  # unknown for a bare .pte: only gates set explicitly apply
     if upstream is not None:
         target, recipe = compiled_for(inp.source, upstream)
+        check_program_matches(inp.source, upstream)  # what the summary will report is what runs
         backends = {target.backend}
         arch = target.soc.htp_arch if target.soc is not None else None
     else:
         backends = delegates_in(pte)
     runtime = prepare_runtime(backends)
+    threads: int | None = None  # the host's CPU threads; a device run uses the device's own
+    if cfg.device is None:
+        threads = set_cpu_threads(cfg.threads)
+    # Before anything is written: a program that aborts the runtime is one error line.
+    check_pte_header(pte)
+    rehearse_unless_own(pte, _loading(pte) if cfg.device is not None else _running(pte, flat))
 
     out = begin_artifact(inp.out_dir, inputs=[inp.source, cfg.inputs_file])
     etdump = out / ETDUMP if cfg.etdump else None
     host: HostRunner | None = None
     runner: Runner
-    threads: int | None = None  # the host's CPU threads; a device run uses the device's own
     if cfg.device is not None:  # InferConfig refuses etdump with a device
         runner = device_runner(pte, cfg, backends, runtime, arch)
     else:
-        threads = set_cpu_threads(cfg.threads)
         # Event tracing is switched on at load time; it also traces (and slows) the timed runs.
         runner = host = HostRunner(pte, example_inputs=flat[0], etdump_path=etdump)
     t = time.perf_counter()
@@ -177,11 +193,15 @@ def _run_infer_causal_lm(
             "drop --device / --inputs / --etdump",
         )
     target, recipe = compiled_for(inp.source, upstream)
+    check_program_matches(inp.source, upstream)
     runtime = prepare_runtime({target.backend})
     generation_cfg = cfg.generation or GenerationConfig()
-    out = begin_artifact(inp.out_dir, inputs=[inp.source])
     threads = set_cpu_threads(cfg.threads)
-    lm = PteLm(pte, spec, rope_of(inp.source, upstream))
+    rope = rope_of(inp.source, upstream)
+    check_pte_header(pte)
+    rehearse_unless_own(pte, _generating(pte, spec, rope))
+    out = begin_artifact(inp.out_dir, inputs=[inp.source])
+    lm = PteLm(pte, spec, rope)
     t = time.perf_counter()
     accuracy = teacher_forced_accuracy(lm, inp.source, spec, have)
     check_s = time.perf_counter() - t
@@ -204,6 +224,48 @@ def _run_infer_causal_lm(
     )
     check_accuracy_gates(inp.out_dir, manifest)
     return InferOutput(inp.out_dir, manifest)
+
+
+# What the runtime does first with a program this process did not compile, rehearsed in a child
+# (qnn_infer.isolation): the same loads and the same inputs as the run that follows.
+
+
+def _running(pte: Path, samples: Sequence[Sequence[Any]]) -> Rehearsal:
+    def rehearsal(step: Step) -> None:
+        step("loading it")
+        runner = HostRunner(pte, example_inputs=samples[0])
+        for i, sample in enumerate(samples):
+            step(f"running it on sample {i}")
+            runner.run(tuple(sample))
+
+    return rehearsal
+
+
+def _loading(pte: Path) -> Rehearsal:
+    """A device run: the host only loads the program, for its output metadata."""
+
+    def rehearsal(step: Step) -> None:
+        from executorch.runtime import Runtime
+
+        step("loading it")
+        Runtime.get().load_program(pte).metadata("forward")
+
+    return rehearsal
+
+
+def _generating(
+    pte: Path, spec: LlmSpec, rope: tuple[torch.Tensor, torch.Tensor] | None
+) -> Rehearsal:
+    """A causal LM: load both methods, then one prefill window and one decode step."""
+
+    def rehearsal(step: Step) -> None:
+        step("loading it")
+        lm = PteLm(pte, spec, rope)
+        step("running prefill and decode")
+        tokens = [spec.pad_token_id] * min(spec.prefill_len + 1, spec.max_seq_len)
+        feed(lm.prefill, lm.decode, tokens, 0, spec)
+
+    return rehearsal
 
 
 def _seal(

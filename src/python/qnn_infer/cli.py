@@ -19,8 +19,9 @@ from qnn_common.cli_support import (
     setup_logging,
 )
 from qnn_common.config import InferConfig
+from qnn_common.errors import ConfigValidationError
 from qnn_common.gates import AccuracyGates, default_accuracy_gates
-from qnn_common.llm import GenerationConfig
+from qnn_common.llm import GenerationConfig, check_seed
 from qnn_common.recipes import Recipe
 from qnn_common.stages import InferInput
 from qnn_infer.gates import GATES, LABELS
@@ -91,10 +92,24 @@ def add_generation_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--temperature", type=float, help="0 = greedy (default); > 0 samples")
     g.add_argument("--top-k", type=int, help="sample among the k most likely (0: all)")
     g.add_argument("--top-p", type=float, help="nucleus sampling mass (default 1.0)")
-    g.add_argument("--sample-seed", type=int, help="seed of the sampler (default 0)")
+    g.add_argument("--sample-seed", type=_seed, metavar="N",
+                   help="seed of the sampler, in [0, 2**64) (default 0; unused when greedy)")
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
     g.add_argument("--no-stream", action="store_true",
                    help="do not print tokens as they are generated")
+
+
+def _seed(text: str) -> int:
+    """--sample-seed: refused at the flag (argparse names it), not deep inside generation."""
+    try:
+        seed = int(text)
+        check_seed(seed, "--sample-seed")
+    except (ValueError, ConfigValidationError):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a whole number in [0, 2**64) (the sampler's generator takes an "
+            "unsigned 64-bit seed)"
+        ) from None
+    return seed
 
 
 def generation_values(args: argparse.Namespace) -> dict[str, Any] | None:

@@ -40,30 +40,36 @@ def user_output_count(pte_path: Path, method: str = "forward") -> int | None:
     return leaves(root) if isinstance(root, dict) else None
 
 
-def _encoded_out_spec(pte_path: Path, method: str) -> str | None:
-    """Program.execution_plan[method].container_meta_type.encoded_out_str, read straight from
-    the flatbuffer (schema: executorch/exir/_serialize/program.fbs) without deserializing the
-    whole program, which for a large model means copying every constant."""
+def _flatbuffer_part(pte_path: Path) -> bytes:
+    """The program's flatbuffer (its size is in the extended header), without the segments:
+    deserializing the whole program would mean copying every constant of a large model."""
     with pte_path.open("rb") as fh:
         head = fh.read(_HEAD_BYTES)
         size = len(head)
         if head[8:12] == _EXT_HEADER_MAGIC and len(head) >= 24:
-            # Only the flatbuffer part (program size in the extended header), not the segments.
             size = int.from_bytes(head[16:24], "little")
         fh.seek(0)
-        buf = fh.read(size) if size > len(head) else fh.read()
-    try:
-        return _read_out_spec(buf, method)
-    except (IndexError, ValueError, UnicodeDecodeError):
-        return None  # not a layout this reader knows: treat every output as a user output
+        return fh.read(size) if size > len(head) else fh.read()
 
 
-def _read_out_spec(buf: bytes, method: str) -> str | None:
-    def u32(pos: int) -> int:
-        return int.from_bytes(buf[pos : pos + 4], "little")
+class _Reader:
+    """Tables of the program flatbuffer (schema: executorch/exir/_serialize/program.fbs).
 
-    def field(table: int, index: int) -> int | None:
+    Every offset comes from the file: a corrupt one raises IndexError, ValueError or
+    UnicodeDecodeError, which callers treat as "not a layout this reader knows".
+    """
+
+    def __init__(self, buf: bytes) -> None:
+        self.buf = buf
+
+    def u32(self, pos: int) -> int:
+        if pos < 0 or pos + 4 > len(self.buf):
+            raise IndexError(pos)
+        return int.from_bytes(self.buf[pos : pos + 4], "little")
+
+    def field(self, table: int, index: int) -> int | None:
         """Absolute position of the offset-typed field `index` of the table at `table`."""
+        buf = self.buf
         vtable = table - int.from_bytes(buf[table : table + 4], "little", signed=True)
         vt_size = int.from_bytes(buf[vtable : vtable + 2], "little")
         slot = 4 + 2 * index
@@ -73,23 +79,61 @@ def _read_out_spec(buf: bytes, method: str) -> str | None:
         if off == 0:
             return None
         pos = table + off
-        return pos + u32(pos)
+        return pos + self.u32(pos)
 
-    def string(pos: int | None) -> str | None:
-        return None if pos is None else buf[pos + 4 : pos + 4 + u32(pos)].decode("utf-8")
+    def string(self, pos: int | None) -> str | None:
+        if pos is None:
+            return None
+        return self.buf[pos + 4 : pos + 4 + self.u32(pos)].decode("utf-8")
 
-    root = u32(0)
-    plans = field(root, 1)  # Program.execution_plan
-    if plans is None:
-        return None
-    for i in range(u32(plans)):
-        elem = plans + 4 + 4 * i
-        plan = elem + u32(elem)
-        if string(field(plan, 0)) != method:  # ExecutionPlan.name
-            continue
-        meta = field(plan, 1)  # ExecutionPlan.container_meta_type
-        return None if meta is None else string(field(meta, 1))  # .encoded_out_str
-    return None
+    def tables(self, vector: int | None) -> list[int]:
+        """The tables a vector-of-tables field points to."""
+        if vector is None:
+            return []
+        count = self.u32(vector)
+        if count > len(self.buf) // 4:
+            raise ValueError(f"a vector of {count} entries in a {len(self.buf)}-byte buffer")
+        return [vector + 4 + 4 * i + self.u32(vector + 4 + 4 * i) for i in range(count)]
+
+    def plans(self) -> dict[str, int]:
+        """Method name -> its ExecutionPlan table (Program.execution_plan, field 1)."""
+        plans = self.tables(self.field(self.u32(0), 1))
+        return {self.string(self.field(plan, 0)) or "": plan for plan in plans}
+
+
+def _encoded_out_spec(pte_path: Path, method: str) -> str | None:
+    """Program.execution_plan[method].container_meta_type.encoded_out_str, read straight from
+    the flatbuffer."""
+    reader = _Reader(_flatbuffer_part(pte_path))
+    try:
+        plan = reader.plans().get(method)
+        if plan is None:
+            return None
+        meta = reader.field(plan, 1)  # ExecutionPlan.container_meta_type
+        return None if meta is None else reader.string(reader.field(meta, 1))  # .encoded_out_str
+    except (IndexError, ValueError, UnicodeDecodeError):
+        return None  # not a layout this reader knows: treat every output as a user output
+
+
+def program_contents(pte_path: Path) -> tuple[dict[str, list[str]], set[str]]:
+    """(method -> its delegates' backend ids, in order; every operator name the program calls),
+    read from the flatbuffer without the runtime.
+
+    Raises ArtifactError if the flatbuffer cannot be read (a corrupt or foreign file).
+    """
+    reader = _Reader(_flatbuffer_part(pte_path))
+    delegates: dict[str, list[str]] = {}
+    operators: set[str] = set()
+    try:
+        for name, plan in reader.plans().items():
+            # ExecutionPlan.delegates (7): BackendDelegate.id (0); .operators (6): Operator.name
+            delegates[name] = [reader.string(reader.field(d, 0)) or ""
+                               for d in reader.tables(reader.field(plan, 7))]
+            operators.update(reader.string(reader.field(op, 0)) or ""
+                             for op in reader.tables(reader.field(plan, 6)))
+    except (IndexError, ValueError, UnicodeDecodeError) as err:
+        raise ArtifactError(pte_path, f"its program table cannot be read ({err})") from None
+    return delegates, operators
 
 
 def check_pte_header(path: Path) -> None:

@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import os
 import re
 import time
 from collections.abc import Callable
@@ -36,8 +37,10 @@ from qnn_common.stages import (
 from qnn_compile.api import compile_cache_key, run_compile
 from qnn_infer.api import infer_cache_key, run_infer
 from qnn_infer.gates import AccuracyGateError, check_accuracy_gates
+from qnn_infer.program_check import check_program_matches
 from qnn_prepare.api import prepare_cache_key, run_prepare
 from qnn_prepare.causal_lm import check_prompt_fits
+from qnn_prepare.models import task_for
 from qnn_quant.api import quantize_cache_key, run_quantize
 
 log = logging.getLogger(__name__)
@@ -137,6 +140,9 @@ def _cached(out_dir: Path, stage: Stage, key: str) -> Manifest | None:
         return None
     try:
         manifest = load_manifest(out_dir, expect_stage=stage, expect_cache_key=key)
+        if stage is Stage.COMPILE:
+            # A re-sealed artifact around another program must not be reported as this one.
+            check_program_matches(out_dir, manifest)
     except ArtifactError as err:
         # The path says which file failed; the reason's own advice ("rerun the stage") is what
         # happens next anyway, so it is not repeated as if the user had to act.
@@ -162,6 +168,15 @@ def run_pipeline(ctx: PipelineContext, *, from_artifact: Path | None = None) -> 
         log.info("QNN %s at %s%s", sdk.qnn_version, sdk.root,
                  " (x86 dev SDK, bridged)" if sdk.bridged else "")
     generation = ctx.infer.generation
+    if first is Stage.PREPARE and generation is not None and not ctx.prepare.kv_cache:
+        # Without a KV cache the program is a plain forward: the prompt would be dropped, and
+        # the run would exit 0 as if it had generated.
+        raise ConfigValidationError(
+            "infer.generation", {"prompt": generation.prompt[:40]},
+            "generation needs a causal LM exported with a KV cache, and prepare.kv_cache is "
+            "off: set `kv_cache = true` under [prepare] (what --prompt does), or remove "
+            "[infer.generation]",
+        )
     if first is Stage.PREPARE and ctx.prepare.kv_cache and generation is not None:
         # A prompt the context cannot hold is refused before minutes of export and lowering.
         check_prompt_fits(
@@ -169,9 +184,11 @@ def run_pipeline(ctx: PipelineContext, *, from_artifact: Path | None = None) -> 
             prefill_len=ctx.prepare.prefill_len, prompt=generation.prompt,
             max_new_tokens=generation.max_new_tokens,
         )
-    # The previous run's summary must not pass for this run's if this one fails.
-    with contextlib.suppress(FileNotFoundError, NotADirectoryError):
-        (ctx.out_dir / SUMMARY_NAME).unlink()
+    if first is Stage.PREPARE:
+        task_for(ctx.prepare)  # a model that names nothing fails here, before --out is touched
+    # Only now, the run known to be valid: the previous run's summary must not pass for this
+    # run's if this one fails. A file of that name that is not ours is refused, not replaced.
+    _remove_previous_summary(ctx.out_dir / SUMMARY_NAME)
     source = from_artifact
     records: list[StageRecord] = []
     manifests: dict[Stage, Manifest] = {}
@@ -224,6 +241,37 @@ def run_pipeline(ctx: PipelineContext, *, from_artifact: Path | None = None) -> 
         source = out_dir
     summary, summary_path = _write_summary(ctx, records, manifests)
     return PipelineResult(tuple(records), summary, summary_path)
+
+
+# Keys every summary this pipeline writes has had (build_summary): how a previous run's file is
+# told from a user's own `summary.json`.
+_SUMMARY_KEYS = frozenset({"model", "backend", "recipe", "stages", "accuracy"})
+
+
+def is_our_summary(path: Path) -> bool:
+    """Whether `path` is a regular file (not a symlink) holding a summary this pipeline wrote."""
+    if path.is_symlink() or not path.is_file():
+        return False
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    if not isinstance(raw, dict):
+        return False
+    return raw.keys() >= _SUMMARY_KEYS and isinstance(raw["stages"], list)
+
+
+def _remove_previous_summary(path: Path) -> None:
+    if not os.path.lexists(path):
+        return
+    if not is_our_summary(path):
+        raise ArtifactError(
+            path,
+            "exists and is not a summary this pipeline wrote; refusing to replace it with this "
+            "run's: move it away, or choose another --out",
+        )
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
 
 
 def _write_summary(

@@ -291,6 +291,7 @@ class SweepResult:
     artifact_dir: Path
     markdown_path: Path
     json_path: Path
+    markdown: str  # this sweep's table (the file may since hold another sweep's)
 
     @property
     def ok(self) -> bool:
@@ -363,5 +364,5 @@ def run_sweep(
     cells = cell_results(plan, results)
     counts = node_counts(plan, results)
     seconds = time.perf_counter() - start
-    md_path, json_path = write_reports(out_dir, cells, counts, seconds, artifact_dir)
-    return SweepResult(tuple(cells), counts, seconds, artifact_dir, md_path, json_path)
+    markdown, md_path, json_path = write_reports(out_dir, cells, counts, seconds, artifact_dir)
+    return SweepResult(tuple(cells), counts, seconds, artifact_dir, md_path, json_path, markdown)

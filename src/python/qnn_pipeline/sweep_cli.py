@@ -191,6 +191,6 @@ def sweep_main(argv: Sequence[str] | None) -> int:
         matrix, options.out, artifact_dir=options.artifacts, jobs=options.jobs,
         ray_address=options.ray_address, progress=not args.no_progress, verbose=args.verbose,
     )
-    print(result.markdown_path.read_text(encoding="utf-8"), end="")
+    print(result.markdown, end="")
     print(f"tables: {result.markdown_path}, {result.json_path}")
     return 0 if result.ok else 2

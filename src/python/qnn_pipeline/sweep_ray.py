@@ -8,11 +8,13 @@ per-artifact locks make two tasks that reach the same stage take turns and reuse
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from typing import Any
 
 from qnn_common.errors import PipelineError
+from qnn_pipeline.ray_reaper import reaped_ray
 from qnn_pipeline.sweep import NodeResult, ProgressCallback, SweepPlan, execute_node
 
 
@@ -40,12 +42,14 @@ def run_on_ray(
 ) -> dict[str, NodeResult]:
     """Submit every node as a Ray task that waits for its parent's result; collect them all.
 
-    Starts Ray (and shuts it down after) unless this process already joined one.
+    Starts Ray (and shuts it down after) unless this process already joined one. A local Ray
+    it starts dies with it, even by kill -9 (`ray_reaper`); a cluster's is never touched.
     """
     import ray
 
-    started = not ray.is_initialized()
-    if started:
+    if ray.is_initialized():
+        return _submit(ray, plan, on_done)
+    with reaped_ray() if address is None else contextlib.nullcontext():
         try:
             ray.init(**ray_init_kwargs(jobs, address, verbose))
         except (ConnectionError, RuntimeError, ValueError) as err:
@@ -54,29 +58,33 @@ def run_on_ray(
                 f"could not start or join {where}: {err}; check --ray-address (ray://host:10001 "
                 "or host:6379), or run with --jobs 1 to sweep without Ray"
             ) from err
-    try:
-        task = ray.remote(num_cpus=1, max_retries=0)(execute_node)
-        refs: dict[str, Any] = {}
-        for node in plan.nodes:
-            parents = () if node.parent is None else (refs[node.parent],)
-            refs[node.id] = task.remote(node, *parents)
-        by_ref = {ref: node_id for node_id, ref in refs.items()}
-        nodes = {n.id: n for n in plan.nodes}
-        results: dict[str, NodeResult] = {}
-        pending = list(refs.values())
-        while pending:
-            done, pending = ray.wait(pending, num_returns=1)
-            for ref in done:
-                node = nodes[by_ref[ref]]
-                try:
-                    results[node.id] = ray.get(ref)
-                except ray.exceptions.RayError as err:  # a worker died, or a parent's did
-                    results[node.id] = NodeResult(node.id, node.stage, "failed",
-                                                  failed_stage=str(node.stage),
-                                                  error=f"Ray task failed: {err}")
-                if on_done is not None:
-                    on_done(node, results[node.id])
-        return results
-    finally:
-        if started:
+        try:
+            return _submit(ray, plan, on_done)
+        finally:
             ray.shutdown()
+
+
+def _submit(ray: Any, plan: SweepPlan, on_done: ProgressCallback | None) -> dict[str, NodeResult]:
+    """Submit every node of `plan` to the Ray this process has joined; collect the results."""
+    task = ray.remote(num_cpus=1, max_retries=0)(execute_node)
+    refs: dict[str, Any] = {}
+    for node in plan.nodes:
+        parents = () if node.parent is None else (refs[node.parent],)
+        refs[node.id] = task.remote(node, *parents)
+    by_ref = {ref: node_id for node_id, ref in refs.items()}
+    nodes = {n.id: n for n in plan.nodes}
+    results: dict[str, NodeResult] = {}
+    pending = list(refs.values())
+    while pending:
+        done, pending = ray.wait(pending, num_returns=1)
+        for ref in done:
+            node = nodes[by_ref[ref]]
+            try:
+                results[node.id] = ray.get(ref)
+            except ray.exceptions.RayError as err:  # a worker died, or a parent's did
+                results[node.id] = NodeResult(node.id, node.stage, "failed",
+                                              failed_stage=str(node.stage),
+                                              error=f"Ray task failed: {err}")
+            if on_done is not None:
+                on_done(node, results[node.id])
+    return results

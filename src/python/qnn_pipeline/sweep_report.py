@@ -89,11 +89,16 @@ def to_markdown(cells: Sequence[CellResult], counts: Mapping[str, Mapping[str, i
 
 def write_reports(out_dir: Path, cells: Sequence[CellResult],
                   counts: Mapping[str, Mapping[str, int]], seconds: float,
-                  artifact_dir: Path) -> tuple[Path, Path]:
-    """Write `sweep.md` and `sweep.json` into `out_dir`; return their paths."""
+                  artifact_dir: Path) -> tuple[str, Path, Path]:
+    """Write `sweep.md` and `sweep.json` into `out_dir`; return the table and their paths.
+
+    The table is returned, not read back: another sweep into the same directory may have
+    replaced the file since, and this run must print its own.
+    """
     out_dir.mkdir(parents=True, exist_ok=True)
     md_path, json_path = out_dir / MARKDOWN_NAME, out_dir / JSON_NAME
-    atomic_write_text(md_path, to_markdown(cells, counts, seconds))
+    markdown = to_markdown(cells, counts, seconds)
+    atomic_write_text(md_path, markdown)
     document = {
         "cells": [cell_record(c) for c in cells],
         "nodes": {stage: dict(by_status) for stage, by_status in counts.items()},
@@ -101,4 +106,4 @@ def write_reports(out_dir: Path, cells: Sequence[CellResult],
         "artifact_dir": str(artifact_dir),
     }
     atomic_write_text(json_path, json.dumps(document, indent=2) + "\n")
-    return md_path, json_path
+    return markdown, md_path, json_path

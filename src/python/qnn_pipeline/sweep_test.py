@@ -122,10 +122,10 @@ def test_a_failed_node_leaves_its_descendants_not_run_and_others_alone(tmp_path:
     assert counts["prepare"] == {"ran": 0, "cached": 1, "failed": 1, "not run": 0}
     md = to_markdown(cells, counts, 1.0)
     assert "minilm / xnnpack / fp32: failed at prepare: [prepare] failed: boom" in md
-    md_path, json_path = write_reports(tmp_path, cells, counts, 1.0, ART)
+    written, md_path, json_path = write_reports(tmp_path, cells, counts, 1.0, ART)
     doc = json.loads(json_path.read_text())
     assert len(doc["cells"]) == 8 and doc["nodes"]["prepare"]["failed"] == 1
-    assert md_path.read_text() == md
+    assert md_path.read_text() == md == written
 
 
 def test_toml_shape_flags_win_and_defaults() -> None:

@@ -1,0 +1,142 @@
+"""A program this process did not compile is first loaded and run in a forked child.
+
+ExecuTorch's runtime trusts the `.pte` it is given. One flipped byte in an XNNPACK delegate
+segment makes the delegate's compiler log bytes that are not UTF-8, which executorch 1.5.1's
+Python log bridge turns into a C++ exception thrown through pybind11: std::terminate, exit 134,
+no message, and a staging directory and a lock left behind (issue 27). Other corruptions could
+crash in native code the same way. No check of ours can rule that out for every byte, so the
+runtime's first contact with such a program happens where an abort cannot take this process down.
+
+`rehearse(pte, rehearsal)` forks; the child calls `rehearsal(step)` (load the program, run
+what the caller is about to run on the same inputs, naming each step), with its stdout and
+stderr captured, and exits. If it returned or raised a Python exception, the parent goes on and
+does the same work for real: the runtime is deterministic, so a clean error recurs in-process
+and is reported by the usual path, and a program that ran here runs there. If the child died
+(a signal, an abort), the parent raises one ArtifactError naming the program, the step and the
+runtime's last words.
+
+Why fork, not a fresh interpreter: the child shares the imported runtime, the loaded QNN
+libraries and the inputs, copy-on-write; a new Python would import torch again, seconds per
+program. The runtime's threadpool survives a fork (ExecuTorch reinitialises it in the child).
+
+Programs this process compiled itself (`qnn_common.own_programs`: a chained pipeline run) skip
+the rehearsal, so a normal run pays nothing; a cached compile artifact, a `--from X.pte` or a
+`qnn-infer` of a directory is rehearsed, at the cost of loading the program and running its
+inputs twice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from qnn_common import own_programs
+from qnn_common.errors import ArtifactError
+from qnn_common.noise import stop_filtering_native_output
+
+log = logging.getLogger(__name__)
+
+Step = Callable[[str], None]
+Rehearsal = Callable[[Step], object]
+
+# How much of what the runtime printed last is quoted in the error (one line).
+_TAIL_CHARS = 240
+# The child's exit codes: returned, raised a Python exception.
+_RETURNED, _RAISED = 0, 1
+
+
+def rehearse_unless_own(pte: Path, rehearsal: Rehearsal) -> None:
+    """`rehearse` unless `pte` holds a program this process compiled (then nothing to do)."""
+    if own_programs.is_own(pte):
+        log.debug("%s: compiled by this process; running it in-process directly", pte)
+        return
+    rehearse(pte, rehearsal)
+
+
+def rehearse(pte: Path, rehearsal: Rehearsal) -> None:
+    """Run `rehearsal` in a forked child; raise ArtifactError if the child crashed.
+
+    `rehearsal` receives a `step(description)` callable to say what it is doing ("loading
+    method forward"): the last step begun is where a crash is reported. Whatever the child
+    prints is captured, not shown (the real run repeats it). Ctrl-C or SIGTERM while waiting kill
+    the child and propagate.
+    """
+    if not hasattr(os, "fork"):  # not a POSIX system: nothing to isolate with
+        return
+    with tempfile.TemporaryFile() as output:
+        steps_read, steps_write = os.pipe()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:  # the child: never returns
+            os.close(steps_read)
+            _child(rehearsal, steps_write, output.fileno())
+        os.close(steps_write)
+        try:
+            with os.fdopen(steps_read, "rb") as steps_file:
+                steps = steps_file.read()  # until the child exits and the pipe closes
+            _, status = os.waitpid(pid, 0)
+        except BaseException:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
+            raise
+        if os.WIFEXITED(status) and os.WEXITSTATUS(status) in (_RETURNED, _RAISED):
+            return
+        output.seek(0)
+        printed = output.read().decode("utf-8", "backslashreplace")
+    last_step = steps.decode("utf-8", "replace").splitlines()[-1:] or ["loading it"]
+    raise ArtifactError(
+        pte,
+        f"the ExecuTorch runtime crashed ({_describe(status)}) while {last_step[0]}"
+        f"{_tail(printed)}; the program is corrupt, or was not made by this pipeline: compile "
+        "it again from its source (qnn-compile), or run a program you trust",
+    )
+
+
+def _child(rehearsal: Rehearsal, steps_fd: int, output_fd: int) -> None:
+    code = _RAISED
+    try:
+        os.dup2(output_fd, 1)
+        os.dup2(output_fd, 2)
+        stop_filtering_native_output()  # what the runtime prints before it dies is the reason
+
+        def step(description: str) -> None:
+            os.write(steps_fd, description.encode("utf-8", "replace") + b"\n")
+
+        rehearsal(step)
+        code = _RETURNED
+    except BaseException:  # the parent meets any Python error again in-process, and reports it
+        pass  # code stays _RAISED
+    finally:
+        # No atexit handlers, no buffered output flushed twice, no finally of the parent's stack.
+        os._exit(code)
+
+
+def _describe(status: int) -> str:
+    if os.WIFSIGNALED(status):
+        number = os.WTERMSIG(status)
+        try:
+            name = signal.Signals(number).name
+        except ValueError:
+            name = f"signal {number}"
+        return f"killed by {name}"
+    return f"exit code {os.WEXITSTATUS(status)}"
+
+
+def _tail(printed: str) -> str:
+    """The runtime's last non-empty lines, joined into one short clause (or nothing)."""
+    lines = [line.strip() for line in printed.splitlines() if line.strip()]
+    if not lines:
+        return ""
+    text = " / ".join(lines[-3:])
+    if len(text) > _TAIL_CHARS:
+        text = "..." + text[-_TAIL_CHARS:]
+    return f"; it printed: {text}"

@@ -1,0 +1,169 @@
+"""Issue 27, class 5: a corrupt .pte must not abort the CLI that loads it.
+
+One flipped byte in an XNNPACK delegate segment made the runtime throw through pybind11: exit
+134, no message, a staging directory and a lock left behind. A program this process did not
+compile is now first loaded and run in a forked child (`qnn_infer.isolation`); a crash there is
+one `error:` line. The fuzz test flips and truncates a real program a few hundred times.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+from qnn_common import own_programs
+from qnn_common.config import InferConfig
+from qnn_common.stages import PTE, InferInput
+from qnn_compile.cli import main as compile_main
+from qnn_infer import cli as infer_cli
+from qnn_infer import isolation
+from qnn_infer.api import run_infer
+from qnn_pipeline import cli as pipeline_cli
+from qnn_prepare.cli import main as prepare_main
+from qnn_quant.cli import main as quant_main
+from support import pte_fuzz
+from support.pipeline_runs import child_env, leftovers
+from support.pte_variants import aborting_variant, reseal
+
+# The fuzz: seeded, bounded. Segment flips are where the issue found its abort.
+SEED, FLIPS, SEGMENT_FLIPS, TRUNCATIONS = 27, 100, 150, 50
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny-cnn 8a8w XNNPACK compile artifact, compiled by the project's CLIs."""
+    root = tmp_path_factory.mktemp("cnn")
+    common = ["--calibration-samples", "2", "--eval-samples", "2", "-q"]
+    assert prepare_main(["--model", "tiny-cnn", "-o", str(root / "prepare"), *common]) == 0
+    assert quant_main([str(root / "prepare"), "-o", str(root / "quantize"), "-q"]) == 0
+    assert compile_main([str(root / "quantize"), "-o", str(root / "compile"), "-q"]) == 0
+    own_programs.forget_all()  # the tests below play a stranger to this program
+    return root / "compile"
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("inputs") / "inputs.pt"
+    torch.save(torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(0)), path)
+    return path  # tiny-cnn's input
+
+
+def _python(*argv: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, *argv], env=child_env(), text=True,
+                          capture_output=True, timeout=timeout, check=False)
+
+
+def _one_error_line(stderr: str) -> str:
+    lines = stderr.splitlines()
+    assert not any(line.startswith(("Traceback", "terminate called")) for line in lines), stderr
+    errors = [line for line in lines if line.startswith("error:")]
+    assert len(errors) == 1, stderr[-2000:]
+    return errors[0]
+
+
+def test_the_variant_really_aborts_the_runtime(compiled: Path, tmp_path: Path) -> None:
+    """The reproduction, straight through ExecuTorch: SIGABRT from inside pybind11."""
+    pte = tmp_path / "abort.pte"
+    pte.write_bytes(aborting_variant((compiled / PTE).read_bytes()))
+    done = _python("-c", "import executorch.kernels.quantized\n"
+                   "from executorch.runtime import Runtime\n"
+                   f"Runtime.get().load_program({str(pte)!r}).load_method('forward')")
+    assert done.returncode == -6, done.stderr[-2000:]  # SIGABRT
+    assert "terminate called" in done.stderr
+
+
+def test_qnn_infer_reports_an_aborting_program_in_one_line(
+    compiled: Path, inputs: Path, tmp_path: Path
+) -> None:
+    pte = tmp_path / "abort.pte"
+    pte.write_bytes(aborting_variant((compiled / PTE).read_bytes()))
+    out = tmp_path / "out"
+    done = _python("-m", infer_cli.__name__, str(pte), "--inputs", str(inputs), "-o", str(out))
+    assert done.returncode == 2, done.stderr[-2000:]
+    line = _one_error_line(done.stderr)
+    assert line.startswith(f"error: {pte}: the ExecuTorch runtime crashed (killed by SIGABRT) "
+                           "while loading it"), line
+    assert "UnicodeDecodeError" in line and "compile it again" in line
+    assert not out.exists()
+    assert leftovers(tmp_path) == []  # no staging directory, no lock
+
+
+def test_a_resealed_artifact_with_an_aborting_program_is_one_error_line(
+    compiled: Path, tmp_path: Path
+) -> None:
+    """The same through the pipeline, from a compile artifact anyone re-sealed."""
+    forged = tmp_path / "compile"
+    shutil.copytree(compiled, forged)
+    (forged / PTE).write_bytes(aborting_variant((compiled / PTE).read_bytes()))
+    reseal(forged, PTE)
+    out = tmp_path / "out"
+    done = _python("-m", pipeline_cli.__name__, "--from", str(forged), "--out", str(out))
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "runtime crashed (killed by SIGABRT)" in _one_error_line(done.stderr)
+    assert leftovers(out) == [] and not list(out.glob("infer-*"))
+
+
+@pytest.fixture
+def rehearsals(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
+    """The programs `isolation.rehearse` is asked to rehearse (it still rehearses them)."""
+    seen: list[Path] = []
+    real = isolation.rehearse
+
+    def spy(pte: Path, rehearsal: Callable[[isolation.Step], object]) -> None:
+        seen.append(pte)
+        real(pte, rehearsal)
+
+    monkeypatch.setattr(isolation, "rehearse", spy)
+    return seen
+
+
+def test_only_a_program_this_process_did_not_compile_is_rehearsed(
+    compiled: Path, tmp_path: Path, rehearsals: list[Path]
+) -> None:
+    config = InferConfig(warmup=0, runs=1)
+    first = run_infer(InferInput(compiled, config, tmp_path / "a"))
+    assert rehearsals == [compiled / PTE]  # compiled by "someone else": rehearsed, and ran
+    own_programs.remember((compiled / PTE).read_bytes())
+    try:
+        again = run_infer(InferInput(compiled, config, tmp_path / "b"))
+    finally:
+        own_programs.forget_all()
+    assert rehearsals == [compiled / PTE]  # ours: in-process directly
+    assert first.accuracy == again.accuracy
+
+
+def test_a_chained_run_does_not_rehearse_its_own_program(
+    tmp_path: Path, rehearsals: list[Path]
+) -> None:
+    out = tmp_path / "out"
+    argv = ["--model", "tiny-cnn", "--calibration-samples", "2", "--runs", "1", "-q"]
+    assert pipeline_cli.main([*argv, "--out", str(out)]) == 0
+    assert rehearsals == []
+    own_programs.forget_all()  # a later run of this process is a stranger to it, as after exit
+    assert pipeline_cli.main([*argv, "--out", str(out), "--runs", "2"]) == 0
+    assert len(rehearsals) == 1  # compile cached, infer reran: the program came from disk
+
+
+def test_fuzzed_programs_end_in_a_clean_error_or_a_completed_run(
+    compiled: Path, inputs: Path, tmp_path: Path
+) -> None:
+    """A few hundred byte flips and truncations, all in one child process, none may crash it."""
+    counts = (FLIPS, SEGMENT_FLIPS, TRUNCATIONS)
+    done = _python("-m", pte_fuzz.__name__, str(compiled / PTE), str(inputs), str(tmp_path),
+                   str(SEED), *map(str, counts), timeout=1500)
+    assert done.returncode == 0, done.stderr[-3000:]  # the process survived every variant
+    report = json.loads(done.stdout.splitlines()[-1])
+    tally: dict[str, int] = report["tally"]
+    assert sum(tally.values()) == sum(counts)
+    assert report["bad"] == [], json.dumps(report["bad"][:3], indent=1)
+    assert set(tally) <= {"ran: same outputs", "ran: other outputs", "error",
+                          "error: runtime crashed"}, tally
+    # The rehearsal is what turned the crashes into errors: the fuzz must still find some.
+    assert tally.get("error: runtime crashed", 0) > 0, tally
