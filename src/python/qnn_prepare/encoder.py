@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from qnn_common.errors import ArtifactError, BackendNotAvailableError, ConfigValidationError
+from qnn_common.hf_untrusted import HF_LOAD
 from qnn_common.llm import MASK_VALUE
 from qnn_prepare.hf_dir import HfDir, example_tokens, open_hf_dir, read_json
 from qnn_prepare.task import LoadedModel
@@ -142,7 +143,7 @@ def load_encoder(hf_dir: HfDir, *, seq_len: int, seed: int) -> LoadedModel:
         # Eager attention: SDPA exports with a "safe softmax" (any / eq / where per layer) that
         # XNNPACK cannot delegate; eager matmul + softmax it can (minilm: 40 -> 16 ms).
         hf = AutoModel.from_pretrained(
-            str(hf_dir.path), local_files_only=True, attn_implementation="eager"
+            str(hf_dir.path), **HF_LOAD, attn_implementation="eager"
         )
     except OSError as err:
         raise hf_dir.load_error(err) from err
