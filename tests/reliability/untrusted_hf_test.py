@@ -149,6 +149,7 @@ def test_an_honest_chat_template_gives_the_tokens_transformers_gives(tmp_path: P
     template = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}<assistant>"
     artifact = _chat_artifact(tmp_path, template)
     tokenizer = load_tokenizer(artifact)
+    assert tokenizer is not None
     want = tokenizer.apply_chat_template(
         [{"role": "user", "content": "Hi"}], add_generation_prompt=True, tokenize=True,
         return_dict=False,

@@ -68,8 +68,8 @@ def test_member_names_torch_export_save_never_writes_are_refused(
 ) -> None:
     bad = tmp_path / "bad.pt2"
     with zipfile.ZipFile(plain_pt2) as src, zipfile.ZipFile(bad, "w") as out:
-        for info in src.infolist():
-            out.writestr(info.filename, src.read(info))
+        for member in src.infolist():
+            out.writestr(member.filename, src.read(member))
         out.writestr(name if name.startswith(("/", "other")) else f"plain/{name}", b"x")
     with pytest.raises(ArtifactError, match="member name") as info:
         load_program(bad)

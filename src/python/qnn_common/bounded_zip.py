@@ -33,11 +33,12 @@ from qnn_common.errors import ArtifactError
 # re-zipped archive's deflated JSON while bounding what a deflated member can cost.
 INFLATED_BUDGET = 64 * 2**20
 _LOCAL_HEADER_SIZE = 30  # fixed part of a local file header, before its name and extra field
-_ENCRYPTED = 0x1
+_ENCRYPTED = 0x1 | 0x40  # traditional and strong encryption
 _UTF8_NAME = 0x800
 # What zipfile raises on bytes that are not a well-formed archive: its own BadZipFile for what it
 # checks, and the errors of the parsing and inflating underneath for what it does not.
-_CORRUPT = (zipfile.BadZipFile, zlib.error, EOFError, struct.error, ValueError, OverflowError)
+_CORRUPT = (zipfile.BadZipFile, zlib.error, EOFError, struct.error, ValueError, OverflowError,
+            NotImplementedError)
 
 
 def gib(size: int) -> str:

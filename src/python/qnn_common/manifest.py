@@ -36,9 +36,8 @@ from typing import Any
 
 from qnn_common.artifact_dir import FORMAT as FORMAT
 from qnn_common.artifact_dir import MANIFEST_NAME as MANIFEST_NAME
-from qnn_common.artifact_dir import MAX_MANIFEST_BYTES
+from qnn_common.artifact_dir import MAX_MANIFEST_BYTES, is_staging, publish_artifact
 from qnn_common.artifact_dir import begin_artifact as begin_artifact
-from qnn_common.artifact_dir import is_staging, publish_artifact
 from qnn_common.atomic import atomic_copy as atomic_copy
 from qnn_common.atomic import atomic_path as atomic_path
 from qnn_common.atomic import atomic_save as atomic_save
