@@ -183,3 +183,13 @@ def test_a_chat_template_is_bounded_and_its_errors_are_one_message(
     assert time.monotonic() - started < 60
     grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
     assert grown_mib < 256, f"rendering grew this process by {grown_mib:.0f} MiB"
+
+
+def test_a_nested_sentence_transformers_modules_file_is_one_error(tmp_path: Path) -> None:
+    """modules.json is read as the other HF JSON files: bounded, RecursionError refused."""
+    from qnn_prepare.encoder import _sentence_transformers_head  # where modules.json is read
+
+    (tmp_path / "modules.json").write_text("[" * 100_000 + "]" * 100_000, encoding="utf-8")
+    with pytest.raises(ArtifactError, match="RecursionError") as info:
+        _sentence_transformers_head(tmp_path)
+    assert info.value.path == tmp_path / "modules.json"

@@ -59,6 +59,14 @@ _FACTORY_HINT = (
 
 def read_hf_json(path: Path) -> dict[str, Any]:
     """`path` as a JSON object, read only if it is at most MAX_JSON_BYTES."""
+    data = read_hf_json_value(path)
+    if not isinstance(data, dict):
+        raise ArtifactError(path, "expected a JSON object; re-save the model")
+    return data
+
+
+def read_hf_json_value(path: Path) -> Any:
+    """`path` as JSON of any kind, read only if it is at most MAX_JSON_BYTES."""
     try:
         size = path.stat().st_size
         if size > MAX_JSON_BYTES:
@@ -67,14 +75,11 @@ def read_hf_json(path: Path) -> dict[str, Any]:
                 f"is {size / 2**20:.1f} MiB; a Hugging Face JSON file here may be at most "
                 f"{MAX_JSON_BYTES // 2**20} MiB (configs are kilobytes); re-save the model",
             )
-        data = json.loads(path.read_bytes())
+        return json.loads(path.read_bytes())
     except (OSError, ValueError, RecursionError) as err:
         raise ArtifactError(
             path, f"cannot read it as JSON ({type(err).__name__}: {err}); re-save the model"
         ) from None
-    if not isinstance(data, dict):
-        raise ArtifactError(path, "expected a JSON object; re-save the model")
-    return data
 
 
 def refuse_custom_code(directory: Path) -> None:

@@ -9,14 +9,13 @@ present"), while an additive mask is a plain tensor add.
 from __future__ import annotations
 
 import importlib
-import json
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from qnn_common.errors import ArtifactError, BackendNotAvailableError, ConfigValidationError
-from qnn_common.hf_untrusted import HF_LOAD
+from qnn_common.hf_untrusted import HF_LOAD, read_hf_json_value
 from qnn_common.llm import MASK_VALUE
 from qnn_prepare.hf_dir import HfDir, example_tokens, open_hf_dir, read_json
 from qnn_prepare.task import LoadedModel
@@ -102,7 +101,9 @@ def _sentence_transformers_head(model_dir: Path) -> tuple[str | None, bool]:
     modules_file = model_dir / "modules.json"
     if not modules_file.is_file():
         return None, False
-    modules = json.loads(modules_file.read_text(encoding="utf-8"))
+    modules = read_hf_json_value(modules_file)
+    if not isinstance(modules, list):
+        raise ArtifactError(modules_file, "expected a JSON list of modules; re-save the model")
     types = [str(m.get("type", "")) for m in modules if isinstance(m, dict)]
     pooling: str | None = None
     for m in modules:
