@@ -259,14 +259,16 @@ def test_compiling_alone_gives_the_chained_runs_bytes(run: Path, tmp_path: Path)
 def test_a_chained_run_loads_no_program_it_saved(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    loads: list[object] = []
-    real_load = torch.export.load
+    from torch.export.pt2_archive import _package  # what load_program deserializes with
 
-    def counting_load(*args: Any, **kwargs: Any) -> torch.export.ExportedProgram:
+    loads: list[object] = []
+    real_load = _package.load_pt2
+
+    def counting_load(*args: Any, **kwargs: Any) -> _package.PT2ArchiveContents:
         loads.append(args)
         return real_load(*args, **kwargs)
 
-    monkeypatch.setattr(torch.export, "load", counting_load)
+    monkeypatch.setattr(_package, "load_pt2", counting_load)
     assert pipeline_main([*TINY_CNN, "--out", str(tmp_path / "out")]) == 0
     assert loads == []
     # Resumed from the quantized artifact, compile has nothing in memory: it reads the file.

@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import pickle
+import warnings
 import zipfile
 from pathlib import Path
 
@@ -77,4 +78,49 @@ def craft(original: Path, dst: Path, variant: str, marker: Path) -> Path:
     with zipfile.ZipFile(dst, "w", zipfile.ZIP_STORED) as out:
         for name, data in members.items():
             out.writestr(f"{root}/{name}", data)
+    return dst
+
+
+def _members(original: Path) -> tuple[str, dict[str, bytes]]:
+    with zipfile.ZipFile(original) as archive:
+        root = archive.namelist()[0].split("/", 1)[0]
+        return root, {n.split("/", 1)[1]: archive.read(n) for n in archive.namelist()}
+
+
+# How a second name can reach the same member for a checker that normalizes names, while torch
+# looks the exact name up: each is spliced in after `archive/`.
+ALIASES = {"dot": "./", "double-slash": "/", "exact": ""}
+
+
+def shadow(original: Path, dst: Path, marker: Path, alias: str) -> Path:
+    """`original` with a payload as its sample inputs, followed by the honest sample inputs under
+    a name that normalizes to the same member (`alias` is a key of ALIASES; "exact" repeats the
+    name itself): a checker keyed by normalized names sees the honest copy, torch the payload."""
+    root, members = _members(original)
+    name = "data/sample_inputs/model.pt"
+    honest = members[name]
+    value = f"((__import__('torch').zeros{EXAMPLE_SHAPE},), {{}})"
+    members[name] = _torch_bytes(Payload(marker, value))
+    with zipfile.ZipFile(dst, "w", zipfile.ZIP_STORED) as out:
+        for member, data in members.items():
+            out.writestr(f"{root}/{member}", data)
+        with warnings.catch_warnings():  # zipfile warns of the duplicate name: the point here
+            warnings.simplefilter("ignore", UserWarning)
+            out.writestr(f"{root}/{ALIASES[alias]}{name}", honest)
+    return dst
+
+
+def with_member(original: Path, dst: Path, name: str, size: int) -> Path:
+    """`original` plus a member `name` of `size` zero bytes, deflated (a few MB for GiBs): what
+    torch never reads, and a checker that reads every member holds in memory."""
+    root, members = _members(original)
+    chunk = bytes(2**20)
+    with zipfile.ZipFile(dst, "w", zipfile.ZIP_STORED) as out:
+        for member, data in members.items():
+            out.writestr(f"{root}/{member}", data)
+        info = zipfile.ZipInfo(f"{root}/{name}")
+        info.compress_type = zipfile.ZIP_DEFLATED
+        with out.open(info, "w", force_zip64=True) as blob:
+            for start in range(0, size, len(chunk)):
+                blob.write(chunk[: min(len(chunk), size - start)])
     return dst

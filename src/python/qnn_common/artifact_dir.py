@@ -31,6 +31,9 @@ from qnn_common.artifact_lock import (
 from qnn_common.errors import ArtifactError
 
 MANIFEST_NAME = "manifest.json"
+# Far above any manifest a stage writes (a file list, configs and metrics: kilobytes); a file
+# past it is not read.
+MAX_MANIFEST_BYTES = 16 * 2**20
 FORMAT = "qnn-pipeline-artifact"
 _STAGING = ".staging-"
 _REPLACED = ".replaced-"
@@ -48,9 +51,12 @@ def _absolute(path: Path) -> Path:
 
 def is_our_artifact(directory: Path) -> bool:
     """Whether `directory` holds a manifest.json of this pipeline (verified or not)."""
+    path = Path(directory) / MANIFEST_NAME
     try:
-        raw = json.loads((Path(directory) / MANIFEST_NAME).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        if path.stat().st_size > MAX_MANIFEST_BYTES:
+            return False
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):  # unreadable, not JSON, nested past parsing
         return False
     return isinstance(raw, dict) and raw.get("format") == FORMAT
 

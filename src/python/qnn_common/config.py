@@ -505,6 +505,10 @@ def load_pipeline_toml(path: Path, overrides: Overrides | None = None) -> Pipeli
         raise ConfigValidationError("config", str(path), f"not valid TOML: {err}") from None
     except (OSError, UnicodeDecodeError) as err:  # a directory, no permission, not UTF-8
         raise ConfigValidationError("config", str(path), f"cannot read it: {err}") from None
+    except RecursionError:  # tomllib parses nested arrays and tables recursively
+        raise ConfigValidationError(
+            "config", str(path), "is nested too deeply to be a pipeline config"
+        ) from None
     return pipeline_from_mapping(data, overrides)
 
 

@@ -109,6 +109,16 @@ class GenerationConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.prompt, str) or not self.prompt:
             raise ConfigValidationError("generation.prompt", self.prompt, "give a non-empty prompt")
+        try:
+            self.prompt.encode("utf-8")
+        except UnicodeEncodeError:
+            # Bytes of a command line that are not UTF-8 arrive as lone surrogates, which no
+            # tokenizer takes (a TypeError deep inside one).
+            raise ConfigValidationError(
+                "generation.prompt", self.prompt,
+                "is not valid UTF-8 text (the command line or file held bytes in another "
+                "encoding); pass the prompt as UTF-8",
+            ) from None
         if not 1 <= self.max_new_tokens <= 100_000:
             raise ConfigValidationError(
                 "generation.max_new_tokens", self.max_new_tokens, "must be in [1, 100000]"

@@ -36,8 +36,8 @@ from typing import Any
 
 from qnn_common.artifact_dir import FORMAT as FORMAT
 from qnn_common.artifact_dir import MANIFEST_NAME as MANIFEST_NAME
+from qnn_common.artifact_dir import MAX_MANIFEST_BYTES, is_staging, publish_artifact
 from qnn_common.artifact_dir import begin_artifact as begin_artifact
-from qnn_common.artifact_dir import is_staging, publish_artifact
 from qnn_common.atomic import atomic_copy as atomic_copy
 from qnn_common.atomic import atomic_path as atomic_path
 from qnn_common.atomic import atomic_save as atomic_save
@@ -350,10 +350,21 @@ def load_manifest(
             f"no {MANIFEST_NAME}: not an artifact of this pipeline, or its run was interrupted; "
             "rerun the stage that produces it",
         )
+    size = path.stat().st_size
+    if size > MAX_MANIFEST_BYTES:
+        raise ArtifactError(
+            path,
+            f"manifest is {size / 2**20:.1f} MiB, past the {MAX_MANIFEST_BYTES >> 20} MiB any "
+            "stage writes; not read; rerun the stage",
+        )
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ArtifactError(path, f"manifest is not valid JSON ({err}); rerun the stage") from None
+    except RecursionError:
+        raise ArtifactError(
+            path, "manifest is nested too deeply to be one of ours; rerun the stage"
+        ) from None
     if not isinstance(raw, dict) or raw.get("format") != FORMAT:
         raise ArtifactError(path, f"not a {FORMAT} manifest (foreign file?)")
     if raw.get("schema_version") != SCHEMA_VERSION:
@@ -362,7 +373,13 @@ def load_manifest(
             f"schema version {raw.get('schema_version')!r}, this tool reads {SCHEMA_VERSION}; "
             "rerun the stage with this version",
         )
-    if raw.get("digest") != _content_digest(raw):
+    try:
+        digest = _content_digest(raw)
+    except RecursionError:  # a value nested deep inside an object that passed the checks above
+        raise ArtifactError(
+            path, "manifest is nested too deeply to be one of ours; rerun the stage"
+        ) from None
+    if raw.get("digest") != digest:
         raise ArtifactError(
             path,
             "content does not match the manifest's own digest: it was edited after the stage "

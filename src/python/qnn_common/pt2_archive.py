@@ -6,43 +6,69 @@ constants marked `use_pickle` (tensor subclasses) are loaded with `weights_only=
 opaque objects go through `pickle.loads`; an AOTInductor package carries native code. A
 `__reduce__` payload in any of them runs on load.
 
-`check_pt2_archive` reads the archive from memory (the bytes checked are the bytes loaded) and
-accepts only what torch.export.save writes for a plain program: weights and constants stored as
-raw tensor bytes, sample inputs that load with `weights_only=True`, JSON, and nothing else that
-torch would unpickle. Everything else is refused with the member and the reason.
+`check_pt2_archive` opens the archive through `qnn_common.bounded_zip` (canonical, unique names;
+sizes bounded by the headers before anything is inflated) and accepts only what
+torch.export.save writes for a plain program: weights and constants stored as raw tensor bytes,
+sample inputs that load with `weights_only=True`, JSON. Everything else is refused with the
+member and the reason.
+
+Torch never reads the file itself. It gets `CheckedPt2.archive`, written here from the members
+just checked, under the names checked (so no second name can reach another copy), holding only
+what torch's loader reads for the program `torch.export.load` returns, and with the sample inputs
+emptied: torch reads empty sample inputs as none without unpickling anything, so its
+`weights_only=False` retry is unreachable. The sample inputs come back from our own weights-only
+load (`CheckedPt2.example_inputs`).
 """
 
 from __future__ import annotations
 
 import io
 import json
+import os
 import zipfile
-from pathlib import Path, PurePosixPath
-from typing import Any
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
 
 import torch
 
+from qnn_common.bounded_zip import BoundedZip, open_bounded_zip
 from qnn_common.errors import ArtifactError
 
 _PRODUCE = "produce one with torch.export.save(torch.export.export(model, inputs), path)"
+_WHAT = "an exported program"
+# torch.export.save stores every member uncompressed, under plain names.
+_REMEDY = f"torch.export.save writes no such archive; {_PRODUCE}"
 _HOW_TO_FIX = (
     "only programs whose weights, constants and sample inputs are plain tensors are loaded; "
     "re-export it with torch.export.save from a model without tensor subclasses or custom objects"
 )
+MODEL = "model"  # the one program torch.export.load returns from an archive
+_SAMPLE_INPUTS = f"data/sample_inputs/{MODEL}.pt"
+# Records torch's archive reader and load_pt2 read besides the program's own members.
+_ROOT_RECORDS = ("archive_format", "archive_version", "byteorder", ".data/version",
+                 ".data/serialization_id")
+
+ExampleInputs = tuple[tuple[Any, ...], dict[str, Any]]
 
 
-def check_pt2_archive(path: Path, data: bytes) -> None:
-    """Raise ArtifactError unless `data` (the contents of `path`) is a .pt2 that loads without
-    unpickling anything but plain tensors and containers."""
-    try:
-        archive = zipfile.ZipFile(io.BytesIO(data))
-    except zipfile.BadZipFile as err:
-        raise ArtifactError(
-            path, f"is not an exported program (not a zip archive: {err}); {_PRODUCE}"
-        ) from None
-    with archive:
-        members = _members(path, archive)
-        if members.get("archive_format") != b"pt2":
+@dataclass(frozen=True)
+class CheckedPt2:
+    """What passed the check: `archive`, the bytes torch's loader is given, and the sample inputs
+    torch is not given (None when the program carries none)."""
+
+    archive: bytes
+    example_inputs: ExampleInputs | None
+
+
+def check_pt2_archive(path: Path, file: BinaryIO) -> CheckedPt2:
+    """Raise ArtifactError unless `file` (open on `path`) is a .pt2 that loads without unpickling
+    anything but plain tensors and containers; else what torch may load of it."""
+    size = file.seek(0, io.SEEK_END)
+    file.seek(0)
+    with open_bounded_zip(path, file, size, what=_WHAT, remedy=_REMEDY) as archive:
+        members = archive.members
+        if "archive_format" not in members or archive.read("archive_format") != b"pt2":
             raise ArtifactError(
                 path,
                 "is not an exported program in the current .pt2 format (no archive_format 'pt2'; "
@@ -51,44 +77,38 @@ def check_pt2_archive(path: Path, data: bytes) -> None:
         for name in members:
             if name.startswith("data/aotinductor/"):
                 raise ArtifactError(path, f"{name}: holds AOTInductor native code; {_HOW_TO_FIX}")
-        models = [
-            n[len("models/") : -len(".json")]
-            for n in members
-            if n.startswith("models/") and n.endswith(".json")
-        ]
-        if not models:
-            raise ArtifactError(path, f"is not an exported program (no models/*.json); {_PRODUCE}")
-        for model in models:
-            for kind in ("weights", "constants"):
-                _check_payload_config(path, members, model, kind)
-            _check_weights_only(path, members, f"data/sample_inputs/{model}.pt")
+        program = f"models/{MODEL}.json"
+        if program not in members:
+            raise ArtifactError(path, f"is not an exported program (no {program}); {_PRODUCE}")
+        carried = {n: archive.read(n) for n in (*_ROOT_RECORDS, program) if n in members}
+        for kind in ("weights", "constants"):
+            carried.update(_payload(path, archive, kind))
+        example_inputs = _sample_inputs(path, archive)
+    carried[_SAMPLE_INPUTS] = b""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as out:
+        for name, data in carried.items():
+            out.writestr(f"{archive.root}/{name}", data)
+    return CheckedPt2(buffer.getvalue(), example_inputs)
 
 
-def _members(path: Path, archive: zipfile.ZipFile) -> dict[str, bytes]:
-    """Member name (without the archive's top folder) -> bytes."""
-    out: dict[str, bytes] = {}
-    for info in archive.infolist():
-        parts = PurePosixPath(info.filename).parts
-        if info.is_dir() or len(parts) < 2:
-            continue
-        out["/".join(parts[1:])] = archive.read(info)
-    if not out:
-        raise ArtifactError(path, f"is not an exported program (an empty archive); {_PRODUCE}")
-    return out
-
-
-def _check_payload_config(path: Path, members: dict[str, bytes], model: str, kind: str) -> None:
+def _payload(path: Path, archive: BoundedZip, kind: str) -> dict[str, bytes]:
+    """The payload config of `kind` (weights / constants) and the raw tensor files it names."""
     directory = f"data/{kind}/"
-    if f"{directory}{model}.pt" in members:  # an older layout: one pickle of everything
-        raise ArtifactError(path, f"{directory}{model}.pt: legacy pickled {kind}; {_HOW_TO_FIX}")
-    name = f"{directory}{model}_{kind}_config.json"
-    if name not in members:
+    if f"{directory}{MODEL}.pt" in archive.members:  # an older layout: one pickle of everything
+        raise ArtifactError(path, f"{directory}{MODEL}.pt: legacy pickled {kind}; {_HOW_TO_FIX}")
+    name = f"{directory}{MODEL}_{kind}_config.json"
+    if name not in archive.members:
         raise ArtifactError(path, f"is not an exported program ({name} is missing); {_PRODUCE}")
+    raw = archive.read(name)
     try:
-        config: Any = json.loads(members[name])
+        config: Any = json.loads(raw)
         entries = config["config"].items()
-    except (ValueError, KeyError, TypeError, AttributeError) as err:
-        raise ArtifactError(path, f"{name} is not a payload config ({err})") from None
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as err:
+        raise ArtifactError(
+            path, f"{name} is not a payload config ({type(err).__name__}: {err})"
+        ) from None
+    out = {name: raw}
     for fqn, meta in entries:
         file = str(meta.get("path_name", "")) if isinstance(meta, dict) else ""
         if not isinstance(meta, dict) or meta.get("use_pickle") is not False:
@@ -103,17 +123,30 @@ def _check_payload_config(path: Path, members: dict[str, bytes], model: str, kin
                 f"constant {fqn!r} is a custom or opaque object ({file}), unpickled when "
                 f"loaded; {_HOW_TO_FIX}",
             )
+        member = os.path.join(directory, file)  # the record name torch's loader looks up
+        if member not in archive.members:
+            raise ArtifactError(
+                path, f"{kind[:-1]} {fqn!r} names {member!r}, which the archive does not hold; "
+                f"{_PRODUCE}",
+            )
+        if member not in out:
+            out[member] = archive.read(member)
+    return out
 
 
-def _check_weights_only(path: Path, members: dict[str, bytes], name: str) -> None:
-    if name not in members:
+def _sample_inputs(path: Path, archive: BoundedZip) -> ExampleInputs | None:
+    name = _SAMPLE_INPUTS
+    if name not in archive.members:
         raise ArtifactError(path, f"is not an exported program ({name} is missing); {_PRODUCE}")
-    if not members[name]:
-        return  # no sample inputs: torch reads b"" as {} without unpickling
+    data = archive.read(name)
+    if not data:
+        return None  # torch reads b"" as no sample inputs
+    # A torch.save archive of its own: its members are bounded the same way before torch.load
+    # inflates any of them.
+    nested = f"{_WHAT}'s {name}"
+    open_bounded_zip(path, io.BytesIO(data), len(data), what=nested, remedy=_REMEDY).close()
     try:
-        # If this loads, torch's own weights_only attempt on the same bytes does too, so its
-        # weights_only=False fallback is never reached.
-        torch.load(io.BytesIO(members[name]), weights_only=True, map_location="cpu")
+        value = torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
     except Exception as err:  # unpickling errors share no base class
         # torch's message suggests weights_only=False, exactly what must not happen here.
         raise ArtifactError(
@@ -121,3 +154,14 @@ def _check_weights_only(path: Path, members: dict[str, bytes], name: str) -> Non
             f"{name}: sample inputs that only an unrestricted unpickler would load "
             f"({type(err).__name__}), which could run code; {_HOW_TO_FIX}",
         ) from None
+    if not (
+        isinstance(value, tuple)
+        and len(value) == 2
+        and isinstance(value[0], tuple)
+        and isinstance(value[1], dict)
+    ):
+        raise ArtifactError(
+            path, f"{name}: sample inputs are a {type(value).__name__}, not (args, kwargs); "
+            f"{_PRODUCE}",
+        )
+    return value[0], value[1]

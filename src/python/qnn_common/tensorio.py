@@ -1,10 +1,11 @@
 """Reading and writing the tensor files that travel between stages.
 
 Every load goes through `torch.load(weights_only=True)`, and every `.pt2` through
-`check_pt2_archive` first: these files may come from users, and a pickle from outside must never
-execute code. Files are serialized in memory and then written atomically: torch names the zip's
-inner folder after the file it writes, so writing a temp file directly would put its random name
-into the bytes, and the same inputs would not give the same file.
+`check_pt2_archive`, whose checked copy is all torch's loader sees: these files may come from
+users, and a pickle from outside must never execute code. Files are serialized in memory and
+then written atomically: torch names the zip's inner folder after the file it writes, so writing
+a temp file directly would put its random name into the bytes, and the same inputs would not
+give the same file.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import torch
 from qnn_common import program_handoff, serde_speed
 from qnn_common.atomic import atomic_write_bytes
 from qnn_common.errors import ArtifactError
-from qnn_common.pt2_archive import check_pt2_archive
+from qnn_common.pt2_archive import MODEL, check_pt2_archive
 
 Sample = tuple[torch.Tensor, ...]
 
@@ -391,23 +392,29 @@ def load_program(path: Path) -> torch.export.ExportedProgram:
     handed = program_handoff.take(path)  # saved earlier in this chained run, file unchanged
     if handed is not None:
         return handed
-    # Read once: the bytes checked are the bytes loaded, whatever happens to the file meanwhile.
-    data = path.read_bytes()
-    check_pt2_archive(path, data)
+    with path.open("rb") as file:
+        checked = check_pt2_archive(path, file)
     # A PT2E-quantized program holds quantized_decomposed / torchao ops: their op libraries must
     # be registered before deserialization, or a fresh process (a stage run alone) can't load it.
     for library in _QUANT_OP_LIBRARIES:
         with contextlib.suppress(ImportError):
             importlib.import_module(library)
     serde_speed.install()
+    # torch.export.load is load_pt2 plus two fallbacks, neither wanted on a file from outside: on
+    # a RuntimeError it logs the traceback and retries the archive in the pre-2.7 format, which
+    # unpickles its state dict with a weights_only=False retry of its own.
+    from torch.export.pt2_archive._package import load_pt2
+
     try:
-        return torch.export.load(io.BytesIO(data))
+        program = load_pt2(io.BytesIO(checked.archive)).exported_programs[MODEL]
+        program.example_inputs = checked.example_inputs  # checked against the input spec
     except Exception as err:  # zipfile, JSON and deserialization errors alike
         raise ArtifactError(
             path,
             f"is not an exported program ({type(err).__name__}: {err}); "
             "produce one with torch.export.save(torch.export.export(model, inputs), path)",
         ) from None
+    return program
 
 
 def flatten_outputs(out: object) -> Sample:

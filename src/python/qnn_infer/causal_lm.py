@@ -9,15 +9,16 @@ argmax agreement). Then the program generates from the prompt, timed.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from qnn_common.errors import ArtifactError
+from qnn_common.hf_untrusted import HF_LOAD, refuse_custom_code
 from qnn_common.llm import GenerationConfig, LlmSpec, teacher_forced_logits
 from qnn_common.metrics import logits_accuracy
 from qnn_common.stages import EVAL_INPUTS, REFERENCE_FAKE_QUANT, REFERENCE_FP32, TOKENIZER_DIR
 from qnn_common.tensorio import load_samples
+from qnn_infer.chat_template import render_chat_prompt
 from qnn_infer.generate import Generation, PteLm, generate
 
 log = logging.getLogger(__name__)
@@ -30,10 +31,11 @@ def load_tokenizer(artifact: Path) -> Any | None:
         directory / "tokenizer.model"
     ).is_file():
         return None
+    refuse_custom_code(directory)  # an artifact's files are data: none may run code
     from transformers import AutoTokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
+        return AutoTokenizer.from_pretrained(str(directory), **HF_LOAD)
     except (OSError, ValueError) as err:
         raise ArtifactError(directory, f"cannot load the tokenizer ({err})") from err
 
@@ -47,13 +49,10 @@ def prompt_ids(tokenizer: Any | None, cfg: GenerationConfig, spec: LlmSpec) -> l
             raise ArtifactError(
                 Path(TOKENIZER_DIR), "the tokenizer has no chat template; drop --chat"
             )
-        ids = tokenizer.apply_chat_template(
-            [{"role": "user", "content": cfg.prompt}], add_generation_prompt=True, tokenize=True,
-            return_dict=False,
-        )
-        if isinstance(ids, Mapping):  # a BatchEncoding, from versions that ignore return_dict
-            ids = ids["input_ids"]
-        return [int(i) for i in ids]
+        text = render_chat_prompt(tokenizer, cfg.prompt, Path(TOKENIZER_DIR))
+        # What apply_chat_template(tokenize=True) does with the text: the template has put the
+        # special tokens in already.
+        return [int(i) for i in tokenizer(text, add_special_tokens=False)["input_ids"]]
     return [int(i) for i in tokenizer(cfg.prompt, add_special_tokens=False)["input_ids"]]
 
 

@@ -12,7 +12,6 @@ built-ins `tiny-llama` and `tiny-qwen` (`qnn_prepare.tiny_decoders`).
 
 from __future__ import annotations
 
-import json
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +21,7 @@ import torch
 from torch import nn
 
 from qnn_common.errors import ArtifactError, ConfigValidationError
+from qnn_common.hf_untrusted import HF_LOAD, check_model_dir, read_hf_json
 from qnn_common.llm import DECODE, PREFILL, LlmSpec, check_fits
 from qnn_prepare.tiny_decoders import (
     TINY_CONTEXT,
@@ -66,9 +66,9 @@ def is_causal_lm_dir(path: Path) -> bool:
     if not config.is_file():
         return False
     try:
-        archs = json.loads(config.read_text(encoding="utf-8")).get("architectures") or []
-    except (OSError, ValueError):
-        return False
+        archs = read_hf_json(config).get("architectures") or []
+    except ArtifactError:
+        return False  # the loaders say what is wrong with it
     return any(str(a).endswith("ForCausalLM") for a in archs)
 
 
@@ -105,8 +105,9 @@ def _load_dir(
 ) -> CausalLm:
     from transformers import AutoModelForCausalLM
 
+    check_model_dir(directory)  # before transformers reads a byte of it
     try:
-        hf = AutoModelForCausalLM.from_pretrained(str(directory), local_files_only=True)
+        hf = AutoModelForCausalLM.from_pretrained(str(directory), **HF_LOAD)
     except (OSError, ValueError) as err:
         raise ArtifactError(directory, f"cannot load the causal LM ({err})") from err
     config = hf.config.get_text_config()
@@ -149,7 +150,7 @@ def _tokenizer(directory: Path) -> Any | None:
     from transformers import AutoTokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
+        return AutoTokenizer.from_pretrained(str(directory), **HF_LOAD)
     except (OSError, ValueError, TypeError):
         return None  # random-weight test models often ship none: token ids are bytes then
 
@@ -172,7 +173,8 @@ def check_prompt_fits(
         directory = Path(spec).expanduser()
         if not is_causal_lm_dir(directory):
             return  # load_causal_lm says what is wrong with it
-        config = AutoConfig.from_pretrained(str(directory), local_files_only=True)
+        check_model_dir(directory)
+        config = AutoConfig.from_pretrained(str(directory), **HF_LOAD)
         config = config.get_text_config()
         tokenizer = _tokenizer(directory)
     max_len, chunk = _shapes(config, max_seq_len, prefill_len)

@@ -9,13 +9,13 @@ present"), while an additive mask is a plain tensor add.
 from __future__ import annotations
 
 import importlib
-import json
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from qnn_common.errors import ArtifactError, BackendNotAvailableError, ConfigValidationError
+from qnn_common.hf_untrusted import HF_LOAD, read_hf_json_value
 from qnn_common.llm import MASK_VALUE
 from qnn_prepare.hf_dir import HfDir, example_tokens, open_hf_dir, read_json
 from qnn_prepare.task import LoadedModel
@@ -101,7 +101,9 @@ def _sentence_transformers_head(model_dir: Path) -> tuple[str | None, bool]:
     modules_file = model_dir / "modules.json"
     if not modules_file.is_file():
         return None, False
-    modules = json.loads(modules_file.read_text(encoding="utf-8"))
+    modules = read_hf_json_value(modules_file)
+    if not isinstance(modules, list):
+        raise ArtifactError(modules_file, "expected a JSON list of modules; re-save the model")
     types = [str(m.get("type", "")) for m in modules if isinstance(m, dict)]
     pooling: str | None = None
     for m in modules:
@@ -142,7 +144,7 @@ def load_encoder(hf_dir: HfDir, *, seq_len: int, seed: int) -> LoadedModel:
         # Eager attention: SDPA exports with a "safe softmax" (any / eq / where per layer) that
         # XNNPACK cannot delegate; eager matmul + softmax it can (minilm: 40 -> 16 ms).
         hf = AutoModel.from_pretrained(
-            str(hf_dir.path), local_files_only=True, attn_implementation="eager"
+            str(hf_dir.path), **HF_LOAD, attn_implementation="eager"
         )
     except OSError as err:
         raise hf_dir.load_error(err) from err

@@ -5,7 +5,6 @@ Shared by the text-encoder and causal-LM tasks, which differ only in how they wr
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -13,6 +12,7 @@ from typing import Any
 import torch
 
 from qnn_common.errors import ArtifactError, ConfigValidationError
+from qnn_common.hf_untrusted import HF_LOAD, check_model_dir, read_hf_json
 
 EXAMPLE_SENTENCE = "ExecuTorch runs this model on a phone after it has been quantized."
 
@@ -38,13 +38,8 @@ TOKENIZER_FILE_NAMES = (
 
 
 def read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as err:
-        raise ArtifactError(path, f"cannot read it as JSON ({err}); re-save the model") from err
-    if not isinstance(data, dict):
-        raise ArtifactError(path, "expected a JSON object; re-save the model")
-    return data
+    """`path` as a JSON object (size-bounded: `qnn_common.hf_untrusted.read_hf_json`)."""
+    return read_hf_json(path)
 
 
 def load_tokenizer(model_dir: Path) -> Any | None:
@@ -54,7 +49,7 @@ def load_tokenizer(model_dir: Path) -> Any | None:
     from transformers import AutoTokenizer
 
     try:
-        tokenizer = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
+        tokenizer = AutoTokenizer.from_pretrained(str(model_dir), **HF_LOAD)
     except (OSError, ValueError):
         return None
     # Decoder tokenizers often ship without a pad token; padding to a fixed length needs one.
@@ -138,12 +133,12 @@ def open_hf_dir(model_dir: Path, *, name: str, seed: int) -> HfDir:
             "no config.json here, so it is not a Hugging Face model directory; save the model "
             "with save_pretrained() or point at the directory that holds config.json",
         )
-    config_json = read_json(config_file)
+    config_json = check_model_dir(model_dir)  # before transformers reads a byte of it
     archs = tuple(str(a) for a in config_json.get("architectures") or [])
     from transformers import AutoConfig
 
     try:
-        config = AutoConfig.from_pretrained(str(model_dir), local_files_only=True)
+        config = AutoConfig.from_pretrained(str(model_dir), **HF_LOAD)
     except (OSError, ValueError, KeyError) as err:
         raise ArtifactError(
             config_file, f"transformers cannot read this config ({err}); check model_type"

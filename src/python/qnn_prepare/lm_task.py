@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from qnn_common.config import PrepareConfig
+from qnn_common.hf_untrusted import HF_LOAD
 from qnn_common.llm import MASK_VALUE
 from qnn_common.stages import ROPE_TABLE, TOKENIZER_DIR
 from qnn_prepare.causal_lm import (
@@ -72,7 +73,7 @@ def load_logits_lm(hf_dir: HfDir, *, seq_len: int, seed: int) -> LoadedModel:
 
     torch.manual_seed(seed)  # only matters if weights are missing and get initialized
     try:
-        hf = AutoModelForCausalLM.from_pretrained(str(hf_dir.path), local_files_only=True)
+        hf = AutoModelForCausalLM.from_pretrained(str(hf_dir.path), **HF_LOAD)
     except OSError as err:
         raise hf_dir.load_error(err) from err
     return LoadedModel(

@@ -1,0 +1,83 @@
+"""Rendering a tokenizer's chat template from outside, bounded in time, memory and output.
+
+A chat template is a Jinja program shipped in the tokenizer's files (an artifact's `tokenizer/`).
+transformers renders it in Jinja's sandbox, which stops attribute tricks (a SecurityError) but
+not work: `{{ 'x' * 3000000000 }}` allocates gigabytes in one step and nested `range(100000)`
+loops run for hours, neither interruptible from inside the process. So the template is rendered
+in a forked child (the tokenizer is already loaded, nothing is imported again) under an address
+space limit, killed past a deadline, and its text is taken only up to a size limit; the parent
+then tokenizes the text as `apply_chat_template(tokenize=True)` would. Every way it fails is one
+ArtifactError naming the tokenizer's template.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import resource
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+from qnn_common.errors import ArtifactError
+
+TIMEOUT_S = 10.0
+MEMORY_BYTES = 1 << 30  # the child's address space beyond what it inherits
+_BASE_OUTPUT = 1 << 20  # template text around the prompt (system prompts, tool schemas)
+
+
+def render_chat_prompt(tokenizer: Any, prompt: str, where: Path) -> str:
+    """The user turn `prompt` through `tokenizer`'s chat template, with the generation prompt.
+
+    `where` names the template's files in errors. Refused: a template that takes longer than
+    TIMEOUT_S, needs more than MEMORY_BYTES, renders more than 1 MiB besides twice the prompt,
+    or fails (a Jinja error, a sandbox SecurityError).
+    """
+    limit = _BASE_OUTPUT + 2 * len(prompt.encode("utf-8"))
+    context = multiprocessing.get_context("fork")
+    receive, send = context.Pipe(duplex=False)
+    child = context.Process(target=_render, args=(send, tokenizer, prompt, limit), daemon=True)
+    child.start()
+    send.close()
+    try:
+        if not receive.poll(TIMEOUT_S):
+            raise ArtifactError(
+                where, f"the chat template did not render within {TIMEOUT_S:.0f} s (it loops "
+                "or computes without bound); fix the template or drop --chat",
+            )
+        try:
+            kind, text = receive.recv()
+        except EOFError:  # the child died without a word: killed, or out of memory in C
+            kind, text = "error", f"the renderer died (exit {child.exitcode})"
+    finally:
+        if child.is_alive():
+            child.kill()
+        child.join()
+        receive.close()
+    if kind != "ok":
+        raise ArtifactError(
+            where, f"the chat template cannot be rendered: {text}; fix the template or drop --chat"
+        )
+    return str(text)
+
+
+def _render(send: Connection, tokenizer: Any, prompt: str, limit: int) -> None:
+    """In the child: render, and send ("ok", text) or ("error", what went wrong)."""
+    try:
+        with open("/proc/self/statm", encoding="ascii") as statm:
+            inherited = int(statm.read().split()[0]) * resource.getpagesize()
+        resource.setrlimit(resource.RLIMIT_AS, (inherited + MEMORY_BYTES, inherited + MEMORY_BYTES))
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False
+        )
+        if not isinstance(text, str):
+            send.send(("error", f"it rendered a {type(text).__name__}, not text"))
+        elif len(text) > limit:
+            send.send(("error", f"it renders {len(text)} characters, more than {limit}"))
+        else:
+            send.send(("ok", text))
+    except MemoryError:
+        send.send(("error", f"it needs more than {MEMORY_BYTES >> 20} MiB of memory"))
+    except Exception as err:  # a Jinja TemplateError, a SecurityError, whatever the template raises
+        send.send(("error", f"{type(err).__name__}: {str(err)[:300]}"))
+    finally:
+        send.close()
