@@ -178,12 +178,12 @@ def quantize_graph_8da4w(
         )
         if shared:
             name = _free_name(gm, f"{path}.weight" if module_path(node) else f"{node.name}_weight")
+            _set_weight(gm, name, holder.weight)  # before the get_attr that names it
             with gm.graph.inserting_before(node):
                 new_weight = gm.graph.get_attr(name)
             node.replace_input_with(weight_node, new_weight)
         else:
-            name = str(weight_node.target)
-        _set_weight(gm, name, holder.weight)
+            _set_weight(gm, str(weight_node.target), holder.weight)
         # The quantized weight implements F.linear (torch function level): the call must reach
         # it as F.linear, or it is dispatched as aten.t + mm, which the subclass refuses.
         node.target = torch.nn.functional.linear
