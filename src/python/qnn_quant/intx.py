@@ -31,6 +31,7 @@ import logging
 import operator
 import re
 import time
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -179,7 +180,10 @@ def quantize_graph_8da4w(
         if shared:
             name = _free_name(gm, f"{path}.weight" if module_path(node) else f"{node.name}_weight")
             _set_weight(gm, name, holder.weight)  # before the get_attr that names it
-            with gm.graph.inserting_before(node):
+            # fx looks for a parameter, buffer or module of that name and warns that none
+            # exists: the weight is the parametrization's property, which does resolve.
+            with gm.graph.inserting_before(node), warnings.catch_warnings():
+                warnings.filterwarnings("ignore", "Attempted to insert a get_attr Node")
                 new_weight = gm.graph.get_attr(name)
             node.replace_input_with(weight_node, new_weight)
         else:
