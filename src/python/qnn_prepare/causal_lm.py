@@ -7,7 +7,8 @@ module, so their weights and cache buffers have the same names; compile lowers t
 .pte in which the cache is shared (`share_mutable_buffers`).
 
 Sources: a local Hugging Face directory of any decoder transformers' Auto classes know, or the
-built-ins `tiny-llama` and `tiny-qwen` (`qnn_prepare.tiny_decoders`).
+built-ins `tiny-llama` and `tiny-qwen` (`qnn_prepare.tiny_decoders`) and `smollm2-135m`
+(`qnn_prepare.smollm2`, real weights).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from torch import nn
 from qnn_common.errors import ArtifactError, ConfigValidationError
 from qnn_common.hf_untrusted import HF_LOAD, check_model_dir, read_hf_json
 from qnn_common.llm import DECODE, PREFILL, LlmSpec, check_fits
+from qnn_prepare.smollm2 import SMOLLM2, gguf_path, save_smollm2
 from qnn_prepare.tiny_decoders import (
     TINY_CONTEXT,
     TINY_DECODERS,
@@ -81,13 +83,17 @@ def load_causal_lm(
         with tempfile.TemporaryDirectory() as tmp:
             directory = save_tiny_decoder(spec, Path(tmp) / spec, seed=seed)
             return _load_dir(directory, spec, max_seq_len, prefill_len)
+    if spec == SMOLLM2:
+        with tempfile.TemporaryDirectory() as tmp:
+            directory = save_smollm2(Path(tmp) / spec)
+            return _load_dir(directory, spec, max_seq_len, prefill_len)
     path = Path(spec).expanduser()
     if not path.is_dir() and "/" not in spec and not spec.startswith((".", "~")):
         raise ConfigValidationError(
             "model", spec,
             "a KV-cache export (--prompt, kv_cache) needs a causal LM: a built-in decoder or a "
             "local Hugging Face *ForCausalLM directory",
-            allowed=tuple(TINY_DECODERS),
+            allowed=(*TINY_DECODERS, SMOLLM2),
         )
     if not path.is_dir():
         raise ArtifactError(path, "not a directory; pass a local Hugging Face causal-LM directory")
@@ -167,6 +173,12 @@ def check_prompt_fits(
 
         config: Any = PretrainedConfig(max_position_embeddings=TINY_CONTEXT)
         tokenizer = byte_tokenizer()
+    elif spec == SMOLLM2:
+        from transformers import AutoConfig, AutoTokenizer
+
+        gguf = gguf_path()
+        config = AutoConfig.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     else:
         from transformers import AutoConfig
 

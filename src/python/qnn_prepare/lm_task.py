@@ -1,7 +1,8 @@
 """The causal-LM task: a decoder as ``prefill`` + ``decode`` methods over a KV cache, or, without
 a cache, as one logits-only forward at a fixed length.
 
-Sources: the built-in tiny decoders (`qnn_prepare.tiny_decoders`) and local HF directories whose
+Sources: the built-in tiny decoders (`qnn_prepare.tiny_decoders`), SmolLM2-135M-Instruct
+(`qnn_prepare.smollm2`) and local HF directories whose
 architecture is a ``*ForCausalLM``. With ``kv_cache`` the artifact carries a program per method,
 calibration and eval texts as token sequences (the shipped public-domain text), the eager HF
 model's teacher-forced logits as the fp32 reference, the tokenizer and chat template, and for
@@ -34,6 +35,7 @@ from qnn_prepare.causal_lm import (
 from qnn_prepare.hf_dir import HfDir, example_tokens, is_hf_dir_spec, open_hf_dir
 from qnn_prepare.kv_io import export_kv_io_methods, kv_layout
 from qnn_prepare.single import export_single
+from qnn_prepare.smollm2 import SMOLLM2, SMOLLM2_DESCRIPTION, save_smollm2
 from qnn_prepare.task import LoadedModel, TaskExport
 from qnn_prepare.tiny_decoders import TINY_DECODERS, save_tiny_decoder
 
@@ -101,6 +103,12 @@ def load_logits_lm_spec(spec: str, seq_len: int, seed: int) -> LoadedModel:
                                     seq_len=seq_len, seed=seed)
         # The directory's files are gone with the temp dir (the tokenizer is loaded already).
         return dataclasses.replace(loaded, tokenizer_files=())
+    if spec == SMOLLM2:
+        with tempfile.TemporaryDirectory() as tmp:
+            directory = save_smollm2(Path(tmp) / spec)
+            loaded = load_logits_lm(open_hf_dir(directory, name=spec, seed=seed),
+                                    seq_len=seq_len, seed=seed)
+        return dataclasses.replace(loaded, tokenizer_files=())
     path = Path(spec).expanduser()
     return load_logits_lm(open_hf_dir(path, name=path.name or spec, seed=seed),
                           seq_len=seq_len, seed=seed)
@@ -112,16 +120,16 @@ class CausalLmTask:
     name = "causal-lm"
 
     def builtins(self) -> Mapping[str, str]:
-        """The tiny decoders."""
+        """The tiny decoders and SmolLM2-135M."""
         return {
             name: f"{description} -> logits; with --prompt a KV-cache program that generates"
-            for name, description in TINY_DECODERS.items()
+            for name, description in {**TINY_DECODERS, SMOLLM2: SMOLLM2_DESCRIPTION}.items()
         }
 
     def accepts(self, spec: str, config: PrepareConfig) -> bool:
         """A tiny decoder or a causal-LM directory; with ``kv_cache`` any spec (a spec that is
         not a causal LM is then refused by `load_causal_lm` with the reason)."""
-        if config.kv_cache or spec in TINY_DECODERS:
+        if config.kv_cache or spec in TINY_DECODERS or spec == SMOLLM2:
             return True
         return is_hf_dir_spec(spec) and is_causal_lm_dir(Path(spec).expanduser())
 

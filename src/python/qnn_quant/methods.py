@@ -23,6 +23,7 @@ from qnn_common.config import DEFAULT_LPBQ_BLOCK
 from qnn_common.errors import StageError
 from qnn_common.llm import DECODE, PREFILL, LlmSpec, MethodRunner, feed, method_steps
 from qnn_common.recipes import (
+    DEFAULT_GROUP_SIZE,
     Recipe,
     WeightRounding,
     check_weight_rounding,
@@ -30,6 +31,7 @@ from qnn_common.recipes import (
 )
 from qnn_common.target import Target
 from qnn_quant.gptq import GptqResult, pin_weight_scales, round_weights
+from qnn_quant.intx import IntxResult, quantize_methods_8da4w
 from qnn_quant.layers import module_path, plan_layers
 from qnn_quant.pt2e import (
     convert_program,
@@ -69,11 +71,14 @@ def quantize_causal_lm(
     rope: tuple[torch.Tensor, torch.Tensor] | None = None,
     weight_rounding: WeightRounding | None = None,
     dynamic_layers: Sequence[str] | None = None,
-) -> tuple[dict[str, ExportedProgram], GptqResult | None]:
+    group_size: int = DEFAULT_GROUP_SIZE,
+) -> tuple[dict[str, ExportedProgram], GptqResult | IntxResult | None]:
     """Quantize prefill and decode with shared scales, calibrating on token sequences (`rope`:
     the rotary table of a program whose cache is its inputs and outputs). With GPTQ (the
     default for 4-bit weights) both methods' inputs shape one rounding of the shared weights.
-    Returns the programs and what GPTQ did (None when weights rounded to nearest)."""
+    Returns the programs and what GPTQ did (None when weights rounded to nearest). 8da4w
+    (`qnn_quant.intx`) calibrates nothing: both methods' weights are quantized alike, and the
+    transform's record is returned instead."""
     missing = {PREFILL, DECODE} - set(programs)
     if missing:
         raise StageError(
@@ -81,6 +86,11 @@ def quantize_causal_lm(
         )
     rounding = weight_rounding or default_weight_rounding(recipe, per_channel)
     check_weight_rounding(recipe, rounding, per_channel, "quantize.weight_rounding")
+    if recipe.is_dynamic:
+        return quantize_methods_8da4w(
+            programs, target=target, group_size=group_size, keep_float=keep_float,
+            calibration_samples=len(calibration),
+        )
     bits = weight_bits(recipe)
 
     def calibrate(modules: Mapping[str, torch.nn.Module], desc: str) -> None:

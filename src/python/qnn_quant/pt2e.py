@@ -25,6 +25,7 @@ from tqdm import tqdm
 from qnn_common.config import DEFAULT_LPBQ_BLOCK
 from qnn_common.errors import ConfigValidationError
 from qnn_common.recipes import (
+    DEFAULT_GROUP_SIZE,
     Recipe,
     WeightRounding,
     check_recipe,
@@ -35,6 +36,7 @@ from qnn_common.target import Target
 from qnn_common.tensorio import ModelInputs, as_model_inputs
 from qnn_quant.gptq import GptqResult, pin_weight_scales, round_weights
 from qnn_quant.graph_rewrites import constant_matmuls_as_linear
+from qnn_quant.intx import IntxResult, quantize_program_8da4w
 from qnn_quant.layers import LayerPlan, plan_layers
 from qnn_quant.quantized_ops import NothingQuantizedError, is_observer, quantized_op_count
 from qnn_quant.quantizers import QuantizerSpec, quantizer_for
@@ -53,6 +55,7 @@ def quantize_program(
     keep_float: Sequence[str] | None = None,
     weight_rounding: WeightRounding | None = None,
     dynamic_layers: Sequence[str] | None = None,
+    group_size: int = DEFAULT_GROUP_SIZE,
 ) -> ExportedProgram:
     """Quantize `ep` for `target` at `recipe`, calibrating on `calibration`; return a new program.
 
@@ -64,7 +67,8 @@ def quantize_program(
     activations are quantized at run time (XNNPACK, portable); None means
     `qnn_quant.layers.default_dynamic_layers` (encoder blocks' linears at 8-bit activations).
     `weight_rounding` None means the recipe's default (GPTQ for 4-bit per-channel weights,
-    `qnn_common.recipes.default_weight_rounding`).
+    `qnn_common.recipes.default_weight_rounding`). `group_size`: input channels per 4-bit weight
+    scale of 8da4w, which calibrates nothing (`qnn_quant.intx`; the samples are not run).
     Raises ConfigValidationError for float recipes, recipes the backend cannot run, bad patterns
     and calibration samples that do not fit the program. A sample is a tuple of positional
     arguments, or `ModelInputs` for a program that takes keyword arguments.
@@ -72,7 +76,7 @@ def quantize_program(
     program, _ = quantize_program_with_gptq(
         ep, target=target, recipe=recipe, calibration=calibration, per_channel=per_channel,
         block_size=block_size, progress=progress, keep_float=keep_float,
-        weight_rounding=weight_rounding, dynamic_layers=dynamic_layers,
+        weight_rounding=weight_rounding, dynamic_layers=dynamic_layers, group_size=group_size,
     )
     return program
 
@@ -89,11 +93,18 @@ def quantize_program_with_gptq(
     keep_float: Sequence[str] | None = None,
     weight_rounding: WeightRounding | None = None,
     dynamic_layers: Sequence[str] | None = None,
-) -> tuple[ExportedProgram, GptqResult | None]:
-    """`quantize_program`, also returning what GPTQ did (None when weights rounded to nearest)."""
+    group_size: int = DEFAULT_GROUP_SIZE,
+) -> tuple[ExportedProgram, GptqResult | IntxResult | None]:
+    """`quantize_program`, also returning what GPTQ did (None when weights rounded to nearest),
+    or for 8da4w what its weight transform did."""
     _check_quantizable(target, recipe)
     rounding = weight_rounding or default_weight_rounding(recipe, per_channel)
     check_weight_rounding(recipe, rounding, per_channel, "quantize.weight_rounding")
+    if recipe.is_dynamic:
+        return quantize_program_8da4w(
+            ep, target=target, group_size=group_size, keep_float=keep_float,
+            calibration_samples=len(calibration),
+        )
     samples = _check_calibration(ep, calibration)
 
     def run(module: torch.nn.Module, desc: str) -> None:

@@ -41,7 +41,10 @@ def _dynamically_quantized(node: torch.fx.Node) -> bool:
         if not (_is_qdq(dq) and "dequantize" in str(dq.target) and dq.args):
             continue
         q = dq.args[0]
-        scale = q.args[1] if isinstance(q, torch.fx.Node) and len(q.args) > 1 else None
+        # quantized_decomposed.quantize_per_tensor(x, scale, ...); torchao's
+        # quantize_affine(x, block_size, scale, ...) (8da4w: qnn_quant.intx).
+        at = 2 if isinstance(q, torch.fx.Node) and str(q.target).startswith("torchao.") else 1
+        scale = q.args[at] if isinstance(q, torch.fx.Node) and len(q.args) > at else None
         if isinstance(scale, torch.fx.Node) and scale.args and isinstance(
             scale.args[0], torch.fx.Node
         ) and "choose_qparams" in str(scale.args[0].target):

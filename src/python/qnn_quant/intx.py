@@ -1,0 +1,285 @@
+"""The 8da4w recipe: int8 activations quantized per token at run time, 4-bit grouped weights.
+
+What ExecuTorch's own LLM export (`extension/llm/export/quantize.py`, `export_llama -qmode
+8da4w`) and optimum-executorch (`--qlinear 8da4w`) do for XNNPACK: torchao's `quantize_` with
+`Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int4,
+weight_granularity=PerGroup(group_size))` on every linear layer whose input size the group
+divides. Each weight becomes an `IntxUnpackedToInt8Tensor` (4-bit values held in int8, one
+scale per group of `group_size` input channels of each output channel); its `F.linear` chooses
+the activation's scale and zero point per token (`torchao.choose_qparams_affine`), quantizes and
+dequantizes it, dequantizes the weight and runs a float linear. Exported, that is the pattern
+XNNPACK's partitioner turns into one qd8 x qb4w fully connected node per linear.
+
+Nothing is calibrated: there are no static activation scales to observe. PT2E is not involved
+either: torchao's config quantizes weights of `nn.Linear` modules, so each ``aten.linear`` of the
+exported float graph is handed to `quantize_` as a temporary `nn.Linear` that holds its weight,
+and the graph then calls `F.linear` with the quantized weight (the subclass implements
+`F.linear`, not ``aten.linear``). Exporting that graph again gives an ordinary ExportedProgram:
+it runs eagerly (the fake-quant reference: torchao's ops compute per token, as XNNPACK's kernels
+do), saves with torch.export.save, and lowers like any other.
+
+Weights are chosen with upstream's default `intx_choose_qparams_algorithm` for this recipe
+(`hqq_scale_only`: HQQ fits each group's scale to the weights, the values then rounded to
+nearest on it; ExecuTorch's LLM export uses it, `export_llama` too unless told otherwise).
+The same float weight always gives the same quantized bytes, so a causal LM's prefill and
+decode, quantized one after the other, hold identical weights, which the .pte stores once.
+"""
+
+from __future__ import annotations
+
+import logging
+import operator
+import re
+import time
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from torch.export import ExportedProgram
+
+from qnn_common.config import regex_list
+from qnn_common.errors import ConfigValidationError
+from qnn_common.recipes import DEFAULT_GROUP_SIZE, Recipe, check_group_size, check_recipe
+from qnn_common.target import Target
+from qnn_quant.layers import module_path
+from qnn_quant.quantized_ops import NothingQuantizedError
+
+log = logging.getLogger(__name__)
+
+# torchao's scale choice for this recipe in ExecuTorch's LLM export (see the module docstring).
+CHOOSE_QPARAMS_ALGORITHM = "hqq_scale_only"
+
+
+@dataclass
+class IntxResult:
+    """What the 8da4w transform did: linears quantized, those left float and why, seconds."""
+
+    group_size: int
+    quantized: int = 0
+    kept_float: dict[str, str] = field(default_factory=dict)  # module path -> why
+    seconds: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "group_size": self.group_size,
+            "weight_bits": 4,
+            "activations": "int8, asymmetric, one scale per token, chosen at run time",
+            "choose_qparams_algorithm": CHOOSE_QPARAMS_ALGORITHM,
+            "linears_quantized": self.quantized,
+            "linears_kept_float": dict(sorted(self.kept_float.items())),
+            "seconds": round(self.seconds, 3),
+        }
+
+
+def _config(group_size: int) -> Any:
+    from torchao.quantization import Int8DynamicActivationIntxWeightConfig
+    from torchao.quantization.granularity import PerGroup
+
+    return Int8DynamicActivationIntxWeightConfig(
+        # A real dtype since torch 2.3 (the sub-byte ints), missing from torch's type stubs.
+        weight_dtype=torch.int4,  # type: ignore[attr-defined]
+        weight_granularity=PerGroup(group_size),
+        intx_choose_qparams_algorithm=CHOOSE_QPARAMS_ALGORITHM,
+    )
+
+
+def _linear_weight(gm: torch.fx.GraphModule, node: torch.fx.Node) -> torch.fx.Node | None:
+    """The constant weight (a get_attr node) of an ``aten.linear`` node, or None."""
+    if node.op != "call_function" or node.target is not torch.ops.aten.linear.default:
+        return None
+    weight = node.args[1] if len(node.args) > 1 else None
+    if not isinstance(weight, torch.fx.Node) or weight.op != "get_attr":
+        return None
+    return weight
+
+
+def _set_weight(gm: torch.fx.GraphModule, dotted: str, value: nn.Parameter) -> None:
+    """Register the quantized weight `value` as `dotted` on `gm` (empty parent modules created
+    as needed), stored as its plain inner tensors.
+
+    A tensor subclass cannot be a program's state: it does not serialize, and its storage is
+    not data. torchao's `UnwrapTensorSubclass` parametrization (what its `unwrap_tensor_subclass`
+    puts on nn.Linear modules, as upstream's exports do) keeps the int8 values, scales and zero
+    points as plain tensors and rebuilds the subclass on every read, so export traces the
+    rebuild and the program holds the plain tensors.
+    """
+    from torch.nn.utils import parametrize
+    from torchao.utils import UnwrapTensorSubclass
+
+    *parents, name = dotted.split(".")
+    owner: nn.Module = gm
+    for part in parents:
+        child = getattr(owner, part, None)
+        if not isinstance(child, nn.Module):
+            child = nn.Module()
+            owner.add_module(part, child)
+        owner = child
+    if name in owner._parameters:
+        del owner._parameters[name]
+    elif hasattr(owner, name):
+        delattr(owner, name)
+    owner.register_parameter(name, value)
+    parametrize.register_parametrization(owner, name, UnwrapTensorSubclass())
+
+
+def _free_name(gm: torch.fx.GraphModule, wanted: str) -> str:
+    """`wanted`, or `wanted` with a numbered suffix, whichever names nothing on `gm` yet."""
+    name, i = wanted, 0
+    while True:
+        try:
+            operator.attrgetter(name)(gm)
+        except AttributeError:
+            return name
+        i += 1
+        name = f"{wanted}_{i}"
+
+
+def quantize_graph_8da4w(
+    gm: torch.fx.GraphModule, *, group_size: int, keep_float: Sequence[str] = ()
+) -> IntxResult:
+    """Quantize every eligible ``aten.linear`` of `gm` to 8da4w in place (module docstring).
+
+    A linear stays float when its module path matches a `keep_float` regex or its input size is
+    not a multiple of `group_size` (the groups must tile each weight row). A weight that other
+    nodes read as well (a tied embedding) keeps its float copy for them; the linear gets the
+    quantized one under its own module path.
+    """
+    from torchao.quantization import quantize_
+
+    config = _config(group_size)
+    patterns = [re.compile(p) for p in keep_float]
+    result = IntxResult(group_size)
+    t = time.perf_counter()
+    for node in list(gm.graph.nodes):
+        weight_node = _linear_weight(gm, node)
+        if weight_node is None:
+            continue
+        path = module_path(node) or node.name
+        weight = operator.attrgetter(str(weight_node.target))(gm)
+        if any(p.search(path) for p in patterns):
+            result.kept_float[path] = "keep_float"
+            continue
+        if weight.dim() != 2 or weight.shape[1] % group_size:
+            result.kept_float[path] = (
+                f"input size {weight.shape[-1]} is not a multiple of group_size {group_size}"
+            )
+            continue
+        holder = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device="meta")
+        holder.weight = nn.Parameter(weight.detach(), requires_grad=False)
+        with torch.no_grad():
+            quantize_(holder, config)
+        shared = any(
+            u is not node for u in weight_node.users
+        ) or any(
+            n is not weight_node and n.op == "get_attr" and n.target == weight_node.target
+            for n in gm.graph.nodes
+        )
+        if shared:
+            name = _free_name(gm, f"{path}.weight" if module_path(node) else f"{node.name}_weight")
+            _set_weight(gm, name, holder.weight)  # before the get_attr that names it
+            # fx looks for a parameter, buffer or module of that name and warns that none
+            # exists: the weight is the parametrization's property, which does resolve.
+            with gm.graph.inserting_before(node), warnings.catch_warnings():
+                warnings.filterwarnings("ignore", "Attempted to insert a get_attr Node")
+                new_weight = gm.graph.get_attr(name)
+            node.replace_input_with(weight_node, new_weight)
+        else:
+            _set_weight(gm, str(weight_node.target), holder.weight)
+        # The quantized weight implements F.linear (torch function level): the call must reach
+        # it as F.linear, or it is dispatched as aten.t + mm, which the subclass refuses.
+        node.target = torch.nn.functional.linear
+        result.quantized += 1
+    # No float weight is left unread: a weight only the linear read is replaced under its own
+    # name, a shared one is still read by its other users. (pt2e.drop_unused_tensors would
+    # also drop the parametrizations' plain tensors, which no get_attr names.)
+    gm.graph.eliminate_dead_code()
+    gm.recompile()
+    result.seconds = time.perf_counter() - t
+    return result
+
+
+def _export(
+    ep: ExportedProgram, gm: torch.fx.GraphModule
+) -> ExportedProgram:
+    """`gm` (the quantized `ep.module()`) exported again with `ep`'s example inputs."""
+    if ep.example_inputs is None:
+        raise ConfigValidationError(
+            "quantize.recipe", Recipe.A8DW4.value,
+            "the program carries no example inputs to export the quantized graph with; "
+            "export it again with torch.export.export(...) and save it with torch.export.save",
+        )
+    args, kwargs = ep.example_inputs
+    with torch.no_grad():
+        return torch.export.export(gm, tuple(args), dict(kwargs) or None, strict=False)
+
+
+def _log_result(what: str, result: IntxResult, calibration_samples: int) -> None:
+    unused = (
+        f"; the {calibration_samples} calibration sample(s) of the prepared artifact are not used"
+        if calibration_samples else ""
+    )
+    log.info(
+        "%s: calibration skipped: 8da4w chooses every activation scale per token at run time%s",
+        what, unused,
+    )
+    log.info(
+        "%s: 8da4w quantized %d linear(s) to 4-bit weights in groups of %d in %.1f s; %d kept "
+        "float%s", what, result.quantized, result.group_size, result.seconds,
+        len(result.kept_float),
+        "".join(f"\n  {path}: {why}" for path, why in sorted(result.kept_float.items())),
+    )
+
+
+def quantize_program_8da4w(
+    ep: ExportedProgram,
+    *,
+    target: Target,
+    group_size: int = DEFAULT_GROUP_SIZE,
+    keep_float: Sequence[str] | None = None,
+    calibration_samples: int = 0,
+    method: str = "forward",
+) -> tuple[ExportedProgram, IntxResult]:
+    """`ep` with its linears quantized to 8da4w, exported again; and what was done.
+
+    `keep_float`: regexes over module paths of linears to leave float (None: none).
+    `calibration_samples` only feeds the log line that says they are not used. Raises
+    NothingQuantizedError when no linear could be quantized.
+    """
+    check_recipe(target.backend, Recipe.A8DW4, target.soc, "quantize.recipe")
+    check_group_size(target.backend, Recipe.A8DW4, group_size, "quantize.group_size")
+    gm = ep.module()
+    patterns = regex_list("quantize.keep_float", list(keep_float or ())) or ()
+    result = quantize_graph_8da4w(gm, group_size=group_size, keep_float=patterns)
+    _log_result(method, result, calibration_samples)
+    if result.quantized == 0:
+        raise NothingQuantizedError(target, Recipe.A8DW4, gm, len(result.kept_float))
+    return _export(ep, gm), result
+
+
+def quantize_methods_8da4w(
+    programs: Mapping[str, ExportedProgram],
+    *,
+    target: Target,
+    group_size: int = DEFAULT_GROUP_SIZE,
+    keep_float: Sequence[str] | None = None,
+    calibration_samples: int = 0,
+) -> tuple[dict[str, ExportedProgram], IntxResult]:
+    """Every method of a program (a causal LM's prefill and decode) quantized to 8da4w: each
+    alone, since nothing is shared but the weights, which come out the same bytes in each."""
+    out: dict[str, ExportedProgram] = {}
+    results: list[IntxResult] = []
+    for method, ep in programs.items():
+        out[method], result = quantize_program_8da4w(
+            ep, target=target, group_size=group_size, keep_float=keep_float,
+            calibration_samples=calibration_samples, method=method,
+        )
+        results.append(result)
+    first = results[0]
+    total = IntxResult(
+        group_size, quantized=sum(r.quantized for r in results),
+        kept_float=dict(first.kept_float), seconds=sum(r.seconds for r in results),
+    )
+    return out, total
