@@ -29,6 +29,7 @@ from qnn_common.recipes import Backend
 from qnn_compile.backends import BackendLowering
 from qnn_compile.decompositions import check_kernels, check_ranks, decompose
 from qnn_compile.native_log import NativeLog
+from qnn_compile.partition_merge import merging_in_linear_checks
 from qnn_compile.provenance import sharing_node_sources
 
 _STAGE = Stage.COMPILE
@@ -74,6 +75,7 @@ def lower_program(
     *,
     etrecord_path: Path | None = None,
     share_provenance: bool = True,
+    linear_merge: bool = True,
 ) -> LoweredProgram:
     """Lower `ep` with a backend's `lowering` (see `qnn_compile.backends`) to .pte bytes.
 
@@ -85,7 +87,9 @@ def lower_program(
     plus debug handles) so devtools' Inspector can map ETDump events back to source ops.
 
     `share_provenance=False` lowers with torch's own per-pass deep copies of every node's
-    provenance (`qnn_compile.provenance`): the same bytes, slower; for comparisons (bench/).
+    provenance (`qnn_compile.provenance`), `linear_merge=False` with ExecuTorch's own
+    partition merge (`qnn_compile.partition_merge`): the same bytes, slower; for comparisons
+    (bench/).
 
     Raises:
         MissingKernelError: an operator left outside the delegates has no kernel in the
@@ -94,8 +98,12 @@ def lower_program(
             the upstream error does (and, for QNN, the library's own error lines), and the
             upstream exception is chained.
     """
-    # 25 % of lowering was copying provenance (qnn_compile.provenance).
-    with sharing_node_sources() if share_provenance else contextlib.nullcontext():
+    # 25 % of lowering was copying provenance (qnn_compile.provenance); the stock partition
+    # merge is cubic in a decoder's depth (qnn_compile.partition_merge).
+    with (
+        sharing_node_sources() if share_provenance else contextlib.nullcontext(),
+        merging_in_linear_checks() if linear_merge else contextlib.nullcontext(),
+    ):
         return _lower(ep, lowering, etrecord_path)
 
 
