@@ -16,7 +16,8 @@ N bits each, built once in one pass per direction), each partition carries the u
 nodes' bitsets, and a try is a handful of big-int ORs and ANDs: nodes outside the union that are
 both below and above it = down & up & ~members. The loop, its order and the bookkeeping of a
 merge (`_perform_partition_merge`) are the stock ones, so every try answers as the stock one
-does and the partitions, hence the .pte bytes, are the same (`partition_merge_test`).
+does and the partitions, hence the .pte bytes, are the same (`partition_merge_test`,
+`tests/llm/fast_partitioning_test.py`).
 
 `merging_in_linear_checks()` installs this on the class, reference-counted, while any lowering
 runs; `_DependencyViewer` is replaced by one that computes its sets only if something asks (the

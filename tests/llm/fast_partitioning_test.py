@@ -1,5 +1,5 @@
-"""A decoder lowered for XNNPACK with the bitset partition merge (qnn_compile.partition_merge)
-and with ExecuTorch's own: the same .pte bytes."""
+"""A decoder lowered for XNNPACK with our partitioning (qnn_compile.partition_merge and
+qnn_compile.partition_recompile) and with ExecuTorch's own: the same .pte bytes."""
 
 from __future__ import annotations
 
@@ -25,10 +25,10 @@ def _quantized_decoder() -> dict[str, torch.export.ExportedProgram]:
     return quantized
 
 
-def test_the_bitset_merge_lowers_a_decoder_to_the_same_pte() -> None:
+def test_fast_partitioning_lowers_a_decoder_to_the_same_pte() -> None:
     programs = _quantized_decoder()
     lowering = lowering_for(CompileConfig(backend=Backend.XNNPACK, recipe=Recipe.A8W8))
-    stock = lower_program(programs, lowering, linear_merge=False)
+    stock = lower_program(programs, lowering, fast_partitioning=False)
     ours = lower_program(programs, lowering)
     assert stock.partitions > 2  # the merge had work to do
     assert ours.pte == stock.pte
