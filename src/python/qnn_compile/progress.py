@@ -84,7 +84,7 @@ def logging_partitions(backend: type[Any]) -> Iterator[None]:
                              _counter.done, time.perf_counter() - _counter.started)
 
 
-def logged_partitioner(base: type) -> type:
+def logged_partitioner(base: type[Any]) -> type[Any]:
     """A subclass of partitioner class `base` whose `partition` logs what it found and when."""
 
     def partition(self: Any, exported_program: Any) -> Any:
