@@ -53,7 +53,7 @@ def _logged_preprocess(backend: type[Any]) -> Any:
         if _counter.done == 1 or now - _counter.last_info >= INFO_EVERY_S:
             level, _counter.last_info = logging.INFO, now
         log.log(
-            level, "%s: partition %d compiled (%d ops) in %.1f s, %.0f s since the first",
+            level, "%s: partition %d compiled (%d ops) in %.1f s, %.0f s into the lowering",
             backend.__name__, _counter.done, nodes, now - t, now - _counter.started,
         )
         return result
