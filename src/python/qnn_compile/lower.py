@@ -29,6 +29,8 @@ from qnn_common.recipes import Backend
 from qnn_compile.backends import BackendLowering
 from qnn_compile.decompositions import check_kernels, check_ranks, decompose
 from qnn_compile.native_log import NativeLog
+from qnn_compile.partition_merge import merging_in_linear_checks
+from qnn_compile.partition_recompile import recompiling_once
 from qnn_compile.provenance import sharing_node_sources
 
 _STAGE = Stage.COMPILE
@@ -74,6 +76,7 @@ def lower_program(
     *,
     etrecord_path: Path | None = None,
     share_provenance: bool = True,
+    fast_partitioning: bool = True,
 ) -> LoweredProgram:
     """Lower `ep` with a backend's `lowering` (see `qnn_compile.backends`) to .pte bytes.
 
@@ -85,7 +88,9 @@ def lower_program(
     plus debug handles) so devtools' Inspector can map ETDump events back to source ops.
 
     `share_provenance=False` lowers with torch's own per-pass deep copies of every node's
-    provenance (`qnn_compile.provenance`): the same bytes, slower; for comparisons (bench/).
+    provenance (`qnn_compile.provenance`), `fast_partitioning=False` with ExecuTorch's own
+    partition merge (`qnn_compile.partition_merge`) and a code generation per partition cut
+    (`qnn_compile.partition_recompile`): the same bytes, slower; for comparisons (bench/).
 
     Raises:
         MissingKernelError: an operator left outside the delegates has no kernel in the
@@ -94,8 +99,14 @@ def lower_program(
             the upstream error does (and, for QNN, the library's own error lines), and the
             upstream exception is chained.
     """
-    # 25 % of lowering was copying provenance (qnn_compile.provenance).
-    with sharing_node_sources() if share_provenance else contextlib.nullcontext():
+    # 25 % of lowering was copying provenance (qnn_compile.provenance); the stock partition
+    # merge is cubic in a decoder's depth, cutting the partitions quadratic
+    # (qnn_compile.partition_merge, qnn_compile.partition_recompile).
+    with (
+        sharing_node_sources() if share_provenance else contextlib.nullcontext(),
+        merging_in_linear_checks() if fast_partitioning else contextlib.nullcontext(),
+        recompiling_once() if fast_partitioning else contextlib.nullcontext(),
+    ):
         return _lower(ep, lowering, etrecord_path)
 
 

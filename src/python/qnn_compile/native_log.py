@@ -5,7 +5,8 @@ a context binary failed, never reaches a Python exception. `NativeLog.capture()`
 into a temporary file for the duration, then keeps the error lines (for the StageError), moves the
 informational chatter to the debug log, and writes everything else through to the real stderr.
 ExecuTorch's Python loggers (one INFO line per node from the QNN partitioner and preprocessor) are
-held the same way: kept for diagnosis, shown with -v only.
+held the same way: kept for diagnosis, shown with -v only. Our own loggers' stderr handlers write
+to the real stderr meanwhile, so progress lines appear as the lowering goes.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import re
 import sys
 import tempfile
 from collections.abc import Iterator
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +51,18 @@ class _Keep(logging.Handler):
             log.debug("%s", line)
 
 
+def _stderr_handlers() -> list[logging.StreamHandler[Any]]:
+    """Every configured logging handler that writes to sys.stderr."""
+    loggers = [logging.getLogger(), *(
+        lg for lg in logging.Logger.manager.loggerDict.values() if isinstance(lg, logging.Logger)
+    )]
+    return [
+        h for lg in loggers for h in lg.handlers
+        if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler)
+        and h.stream is sys.stderr
+    ]
+
+
 class NativeLog:
     """Lines native code wrote to stderr inside `capture()` blocks, sorted by what they mean."""
 
@@ -70,12 +84,19 @@ class NativeLog:
         was_propagating = upstream.propagate
         upstream.addHandler(handler)
         upstream.propagate = False
+        # Our own log lines (a long lowering's progress) still reach the terminal as they are
+        # written: handlers writing to stderr write to a copy of the real one meanwhile.
+        real = os.fdopen(os.dup(saved), "w", buffering=1, encoding="utf-8", errors="replace")
+        moved = [(h, h.setStream(real)) for h in _stderr_handlers()]
         with tempfile.TemporaryFile() as tmp:
             os.dup2(tmp.fileno(), stderr_fd)
             try:
                 yield
             finally:
                 sys.stderr.flush()
+                for h, stream in moved:
+                    h.setStream(stream)
+                real.close()
                 os.dup2(saved, stderr_fd)
                 os.close(saved)
                 upstream.removeHandler(handler)

@@ -26,6 +26,7 @@ from torch.export import ExportedProgram
 
 from qnn_common.config import CompileConfig
 from qnn_compile.backends import BackendLowering
+from qnn_compile.progress import logged_partitioner, logging_partitions
 
 
 def _layer_norm(
@@ -89,16 +90,19 @@ def _remove_noop_expand_copies(method: str, program: ExportedProgram) -> list[An
 
 
 def lowering(config: CompileConfig) -> BackendLowering:
-    """Partition everything XNNPACK takes; the rest runs on the portable kernels."""
+    """Partition everything XNNPACK takes; the rest runs on the portable kernels. Partitioning
+    and each partition's compile are logged as they happen (`qnn_compile.progress`)."""
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.backends.xnnpack.xnnpack_preprocess import XnnpackBackend
     from executorch.export import LoweringRecipe
 
     return BackendLowering(
         target=config.target,
         recipe=LoweringRecipe(
-            partitioners=[XnnpackPartitioner()],
+            partitioners=[logged_partitioner(XnnpackPartitioner)()],
             edge_transform_passes=[_remove_noop_expand_copies],
         ),
         aten_passes=(decompose_layer_norm,),
+        context=lambda: logging_partitions(XnnpackBackend),
         record=config.target.record(),
     )
