@@ -382,3 +382,32 @@ def test_third_party_noise_only_with_verbose(compiled: Path, tmp_path: Path) -> 
     )
     assert verbose.returncode == 0, verbose.stderr[-2000:]
     assert [n for n in NOISE if n not in verbose.stderr] == ["LeafSpec"]
+
+
+class _Slow(torch.nn.Module):
+    """A few 2048 x 2048 matmuls on the portable kernels: seconds per run, for a 1 s bound."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for _ in range(4):
+            x = (x @ x) / 2048
+        return x
+
+
+def test_a_run_that_does_not_return_in_time_is_one_error_line(tmp_path: Path) -> None:
+    """Issue 24: an emulator run went on for > 300 s with no word; a run now has a bound.
+
+    The runtime holds the GIL while it runs, so this checks the bound fires from native code.
+    """
+    from executorch.exir import to_edge
+
+    pte, inputs = tmp_path / "slow.pte", tmp_path / "x.pt"
+    example = torch.randn(2048, 2048)
+    pte.write_bytes(to_edge(torch.export.export(_Slow(), (example,))).to_executorch().buffer)
+    torch.save((example,), inputs)
+    start = time.monotonic()
+    done = _run(pipeline_cli.__name__, "--from", str(pte), "--inputs", str(inputs),
+                "--runs", "1", "--run-timeout", "1", "--out", str(tmp_path / "out"))
+    assert done.returncode == 2, done.stderr[-2000:]
+    line = _one_error_line(done.stderr)
+    assert "did not return within 1 s" in line and "--run-timeout" in line, line
+    assert time.monotonic() - start < 300
