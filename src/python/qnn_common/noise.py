@@ -39,7 +39,7 @@ import sys
 import tempfile
 import warnings
 from collections.abc import Iterator
-from typing import TextIO
+from typing import TextIO, cast
 
 # (logger name, message regex): records logged by that very logger with a matching message.
 LOG_NOISE: tuple[tuple[str, str], ...] = (
@@ -196,7 +196,8 @@ def printed_noise_filtered() -> Iterator[None]:
         yield
         return
     filtered = _DropPrinted(sys.stdout)
-    with contextlib.redirect_stdout(filtered):  # type: ignore[type-var]
+    # A text stream in all but its class: redirect_stdout wants a TextIO.
+    with contextlib.redirect_stdout(cast(TextIO, filtered)):
         try:
             yield
         finally:

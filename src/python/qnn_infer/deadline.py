@@ -74,13 +74,16 @@ class _NativeTimer:
 
     def __init__(self, libc: ctypes.CDLL, function: str, argument: int | bytes) -> None:
         self._libc = libc
-        self._keep = ctypes.create_string_buffer(argument) if isinstance(argument, bytes) else None
         event = _Sigevent()
         event.sigev_notify = _SIGEV_THREAD
         event.sigev_notify_function = ctypes.cast(getattr(libc, function), ctypes.c_void_p).value
-        event.sigev_value = (
-            ctypes.cast(self._keep, ctypes.c_void_p).value if self._keep is not None else argument
-        )
+        if isinstance(argument, bytes):
+            # Kept alive with the timer: the native thread reads it at expiry.
+            self._keep: ctypes.Array[ctypes.c_char] | None = ctypes.create_string_buffer(argument)
+            event.sigev_value = ctypes.cast(self._keep, ctypes.c_void_p).value
+        else:
+            self._keep = None
+            event.sigev_value = argument
         self._id = ctypes.c_void_p()
         if libc.timer_create(_CLOCK_MONOTONIC, ctypes.byref(event), ctypes.byref(self._id)):
             raise OSError(ctypes.get_errno(), "timer_create failed")
