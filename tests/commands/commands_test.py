@@ -23,7 +23,8 @@ from pathlib import Path
 import pytest
 
 # What `./pants` needs, and all it needs, from the checkout.
-REPO_ENTRIES = ("pants", "pants.toml", "pants.ci.toml", "BUILD", "ruff.toml", "mypy.ini",
+REPO_ENTRIES = ("pants", "pants.toml", "pants.ci.toml", "pants.remote.toml", "BUILD", "ruff.toml",
+                "mypy.ini",
                 "3rdparty", "build-support", "src", "bench")
 PEX_NAME = "pex-v2.1.137"
 TIMINGS: dict[str, float] = {}
@@ -57,7 +58,7 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         src = source / entry
         if src.is_dir():
             shutil.copytree(src, root / entry, ignore=shutil.ignore_patterns(
-                ".bootstrap", "__pycache__", "*.pyc", "*_test.py", "conftest.py"))
+                ".bootstrap", "__pycache__", "*.pyc"))
         else:
             root.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, root / entry)

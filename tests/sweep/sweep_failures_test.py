@@ -14,7 +14,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-_AS_A_PEX = "import sys; sys.path[:0] = {paths!r}\nfrom qnn_pipeline.cli import main\nsys.exit(main())"
+_AS_A_PEX = (
+    "import sys; sys.path[:0] = {paths!r}\nfrom qnn_pipeline.cli import main\nsys.exit(main())"
+)
 
 
 def _sweep(tmp_path: Path, *argv: str, env: dict[str, str] | None = None

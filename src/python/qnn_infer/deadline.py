@@ -22,6 +22,7 @@ import os
 import shlex
 import weakref
 from collections.abc import Iterator
+from typing import Any, ClassVar
 
 from qnn_common.cli_support import EXIT_ERROR
 from qnn_common.errors import ConfigValidationError
@@ -42,7 +43,7 @@ _SIGEV_THREAD = 2
 class _Sigevent(ctypes.Structure):
     # glibc's struct sigevent on 64-bit Linux: sigval, signo, notify, then the SIGEV_THREAD
     # members (function, attributes) in a union padded to 64 bytes in all.
-    _fields_ = [
+    _fields_: ClassVar[list[tuple[str, Any]]] = [
         ("sigev_value", ctypes.c_void_p),
         ("sigev_signo", ctypes.c_int),
         ("sigev_notify", ctypes.c_int),
@@ -53,11 +54,15 @@ class _Sigevent(ctypes.Structure):
 
 
 class _Timespec(ctypes.Structure):
-    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+    _fields_: ClassVar[list[tuple[str, Any]]] = [
+        ("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long),
+    ]
 
 
 class _Itimerspec(ctypes.Structure):
-    _fields_ = [("it_interval", _Timespec), ("it_value", _Timespec)]
+    _fields_: ClassVar[list[tuple[str, Any]]] = [
+        ("it_interval", _Timespec), ("it_value", _Timespec),
+    ]
 
 
 def _libc() -> ctypes.CDLL:

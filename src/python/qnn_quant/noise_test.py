@@ -23,7 +23,8 @@ class _DropoutAndViews(torch.nn.Module):
         self.dropout = torch.nn.Dropout(0.1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.dropout(self.linear(x)).t().contiguous()
+        out: torch.Tensor = self.dropout(self.linear(x))
+        return out.t().contiguous()
 
 
 @pytest.mark.parametrize("quiet", [True, False])
