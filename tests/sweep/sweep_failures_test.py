@@ -14,8 +14,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+from qnn_pipeline import cli as pipeline_cli  # what the child runs: a dependency of this test
+
 _AS_A_PEX = (
-    "import sys; sys.path[:0] = {paths!r}\nfrom qnn_pipeline.cli import main\nsys.exit(main())"
+    "import sys; sys.path[:0] = {paths!r}\nfrom " + pipeline_cli.__name__
+    + " import main\nsys.exit(main())"
 )
 
 
