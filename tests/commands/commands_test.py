@@ -123,6 +123,7 @@ def test_sweep_on_a_local_ray(repo: Path) -> None:
 
 def test_bench(repo: Path) -> None:
     """Issue 24, point 2: the README's bench command; its --rss child could not import."""
+    (repo / "out").mkdir(exist_ok=True)  # --json does not make its directory (alone: -k bench)
     _pants_run(repo, "bench", "bench/pipeline_bench.py", "--models", "tiny-cnn", "--recipes",
                "8a8w", "--repeats", "1", "--rss", "tiny-cnn", "--runs", "5",
                "--calibration-samples", "4", "--json", "out/bench.json")
