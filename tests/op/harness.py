@@ -10,7 +10,6 @@ Each cell still lowers and runs its own program: one case, one program.
 from __future__ import annotations
 
 import copy
-import os
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ import numpy as np
 import torch
 from torch.export import ExportedProgram
 
+from qnn_common.child_env import python_child_env
 from qnn_common.config import CompileConfig
 from qnn_common.recipes import Backend, Recipe
 from qnn_common.tensorio import Sample, flatten_outputs
@@ -190,7 +190,6 @@ def run_isolated(
     the signal that killed it, its stderr kept. For cells expected to crash in native code, which
     would otherwise take the whole test process (and every cell after it) down. A fresh
     interpreter, not a fork: the parent's loaded backend libraries and threads stay out of it."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     child = subprocess.run(
         [
             sys.executable,
@@ -203,7 +202,7 @@ def run_isolated(
             recipe.value,
             str(workdir),
         ],
-        env=env,
+        env=python_child_env(),
         timeout=timeout,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,

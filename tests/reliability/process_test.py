@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -109,14 +110,27 @@ def test_factory_module_exiting_at_import_is_an_error(
     assert "SystemExit" in _one_error_line(capsys.readouterr().err)
 
 
-def _wait_for(process: subprocess.Popen[str], marker: str) -> list[str]:
-    assert process.stderr is not None
-    seen = []
-    for line in process.stderr:
-        seen.append(line)
-        if marker in line:
-            return seen
-    raise AssertionError(f"{marker!r} never appeared:\n{''.join(seen)[-2000:]}")
+# The pipeline CLI, stopped (SIGSTOP, by itself) inside one stage's work: at the first record its
+# stage package logs while that stage's staging directory exists (after the work, before the
+# seal). The test signals it there and lets it go on: the signal lands in the stage whatever the
+# machine's speed, where a fixed sleep after a log line did not (issue 24: under load the stage
+# was over, and sealed, before the signal came).
+_STOPPED_IN_STAGE = """
+import glob, logging, os, signal, sys
+stage, out = sys.argv.pop(1), sys.argv.pop(1)
+
+class StopInStage(logging.Handler):
+    stopped = False
+    def emit(self, record):
+        if not self.stopped and glob.glob(os.path.join(out, "." + stage + "-*.staging-*")):
+            StopInStage.stopped = True
+            os.kill(os.getpid(), signal.SIGSTOP)
+
+logging.getLogger({"quantize": "qnn_quant", "compile": "qnn_compile"}[stage]).addHandler(
+    StopInStage())
+from qnn_pipeline.cli import main
+sys.exit(main())
+"""
 
 
 def _default_signals() -> None:
@@ -127,38 +141,46 @@ def _default_signals() -> None:
 
 
 @pytest.mark.parametrize(
-    ("sig", "code", "word", "marker"),
+    ("sig", "code", "word", "stage"),
     [
-        (signal.SIGTERM, 143, "terminated", "compile started"),
-        (signal.SIGINT, 130, "interrupted", "quantize started"),
+        (signal.SIGTERM, 143, "terminated", "compile"),
+        (signal.SIGINT, 130, "interrupted", "quantize"),
     ],
 )
 def test_signals_unwind_and_say_so(
-    tmp_path: Path, sig: signal.Signals, code: int, word: str, marker: str
+    tmp_path: Path, sig: signal.Signals, code: int, word: str, stage: str
 ) -> None:
     """SIGTERM exited 143 with no message and left temp files; it now unwinds like Ctrl-C."""
     out = tmp_path / "out"
+    argv = pipeline_command(out)
+    assert argv[1:3] == ["-m", pipeline_cli.__name__]
     process = subprocess.Popen(
-        pipeline_command(out),
+        [sys.executable, "-c", _STOPPED_IN_STAGE, stage, str(out), *argv[3:]],
         env=child_env(),
         text=True,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         preexec_fn=_default_signals,
     )
+    log: list[str] = []
+    assert process.stderr is not None
+    reader = threading.Thread(target=lambda: log.extend(process.stderr or ()), daemon=True)
+    reader.start()
     try:
-        _wait_for(process, marker)
-        time.sleep(0.5)  # inside the stage's work
-        process.send_signal(sig)
-        assert process.stderr is not None
-        rest = process.stderr.read()
-        assert process.wait(timeout=120) == code, rest[-2000:]
+        # A state, not a time: the child is stopped inside the stage (or ended, a failure).
+        _, status = os.waitpid(process.pid, os.WUNTRACED)
+        assert os.WIFSTOPPED(status), f"never stopped in {stage}: {''.join(log)[-2000:]}"
+        assert list(out.glob(f".{stage}-*.staging-*")), "stopped outside the stage's work"
+        process.send_signal(sig)  # pending while stopped; delivered as it continues
+        os.kill(process.pid, signal.SIGCONT)
+        assert process.wait(timeout=600) == code, "".join(log)[-2000:]
     finally:
         process.kill()
         process.wait()
+        reader.join(timeout=60)
+    rest = "".join(log)
     assert word in rest and "Traceback" not in rest, rest[-2000:]
     assert leftovers(out) == []  # no temp file, staging directory or lock left behind
-    stage = marker.split()[0]
     assert not any((d / MANIFEST_NAME).exists() for d in out.glob(f"{stage}-*"))
 
 
@@ -382,3 +404,32 @@ def test_third_party_noise_only_with_verbose(compiled: Path, tmp_path: Path) -> 
     )
     assert verbose.returncode == 0, verbose.stderr[-2000:]
     assert [n for n in NOISE if n not in verbose.stderr] == ["LeafSpec"]
+
+
+class _Slow(torch.nn.Module):
+    """A few 2048 x 2048 matmuls on the portable kernels: seconds per run, for a 1 s bound."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for _ in range(4):
+            x = (x @ x) / 2048
+        return x
+
+
+def test_a_run_that_does_not_return_in_time_is_one_error_line(tmp_path: Path) -> None:
+    """Issue 24: an emulator run went on for > 300 s with no word; a run now has a bound.
+
+    The runtime holds the GIL while it runs, so this checks the bound fires from native code.
+    """
+    from executorch.exir import to_edge
+
+    pte, inputs = tmp_path / "slow.pte", tmp_path / "x.pt"
+    example = torch.randn(2048, 2048)
+    pte.write_bytes(to_edge(torch.export.export(_Slow(), (example,))).to_executorch().buffer)
+    torch.save((example,), inputs)
+    start = time.monotonic()
+    done = _run(pipeline_cli.__name__, "--from", str(pte), "--inputs", str(inputs),
+                "--runs", "1", "--run-timeout", "1", "--out", str(tmp_path / "out"))
+    assert done.returncode == 2, done.stderr[-2000:]
+    line = _one_error_line(done.stderr)
+    assert "did not return within 1 s" in line and "--run-timeout" in line, line
+    assert time.monotonic() - start < 300

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
+from qnn_common.child_env import python_child_env
 from qnn_common.manifest import load_manifest, manifest_digest
 
 # tiny-cnn, kept small: every stage runs in seconds.
@@ -13,9 +13,9 @@ TINY_CNN = ("--model", "tiny-cnn", "--calibration-samples", "4", "--runs", "3")
 
 
 def child_env() -> dict[str, str]:
-    """The environment for a child Python that imports what this process imports."""
-    paths = (os.path.abspath(p) for p in sys.path if p)
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(paths), "PYTHONUNBUFFERED": "1"}
+    """The environment for a child Python that imports what this process imports, unbuffered
+    (tests read its log as it comes)."""
+    return {**python_child_env(), "PYTHONUNBUFFERED": "1"}
 
 
 def pipeline_command(out: Path, *extra: str) -> list[str]:

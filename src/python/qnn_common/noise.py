@@ -12,7 +12,16 @@ message means, so that a new version's noise is added here (with its reason) and
 - transformers draws a "Loading weights" progress bar for each checkpoint it reads.
 - ExecuTorch's runtime (XNNPACK's cpuinfo) prints five `[cpuinfo_utils.cpp:NN]` lines to file
   descriptor 2 the first time a method loads on a host that is not an ARM phone; see
-  `native_noise_filtered`.
+  `native_noise_filtered`. On the QNN emulator the runtime prints `[INFO] [Qnn ExecuTorch]: ...`
+  lines on every method call, which land between the tokens a generation streams.
+- ExecuTorch warns "PassManager is deprecated" each time its own lowering builds one, and (once
+  per op) that an op a partitioner asked to keep whole, such as `aten.unbind.int`, is decomposed
+  after all because it is mutable or aliases its output: nothing we can act on, no effect on the
+  program.
+- ExecuTorch's QNN quantizer prints (to stdout, per node) "No quant config is implemented for
+  op, aten.dropout.default" for ops that carry no value to quantize: dropout (an identity at
+  inference), contiguous and alias (views of their input); see `printed_noise_filtered`. The same
+  line for any other op still shows: that op stays in float.
 
 The log and native filters drop only those exact messages: any other log line from the same
 libraries still shows. Warnings are filtered by category and by the library they come from, as
@@ -22,6 +31,7 @@ those libraries raise them by the dozen about their own internals; ours are neve
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
 import os
 import re
@@ -29,6 +39,7 @@ import sys
 import tempfile
 import warnings
 from collections.abc import Iterator
+from typing import TextIO, cast
 
 # (logger name, message regex): records logged by that very logger with a matching message.
 LOG_NOISE: tuple[tuple[str, str], ...] = (
@@ -36,6 +47,10 @@ LOG_NOISE: tuple[tuple[str, str], ...] = (
     ("torchao", r"^Skipping import of cpp extensions"),
     ("torchao.kernel.intmm", r"Detected no triton"),
     ("torch.utils._pytree", r"is an Enum subclass and is now natively supported"),
+    ("executorch.exir.pass_manager", r"^PassManager is deprecated"),
+    # Logged with logging.warn, i.e. by the root logger itself.
+    ("root", r"^Op \S+ was requested for preservation by partitioner\.  This request is ignored "
+             r"because it (is mutable|aliases output)\.$"),
 )
 
 # (category, module regex) for Python warnings raised from inside these libraries' code.
@@ -48,7 +63,18 @@ WARNING_NOISE: tuple[tuple[type[Warning], str], ...] = (
 WARNING_MESSAGES: tuple[tuple[type[Warning], str], ...] = ((FutureWarning, r".*LeafSpec.*"),)
 
 # Lines native code writes to fd 2 that carry no information for the user.
-NATIVE_NOISE: tuple[re.Pattern[str], ...] = (re.compile(r"^\[cpuinfo_utils\.cpp:\d+\] "),)
+NATIVE_NOISE: tuple[re.Pattern[str], ...] = (
+    re.compile(r"^\[cpuinfo_utils\.cpp:\d+\] "),
+    re.compile(r"^\[INFO\] \[Qnn ExecuTorch\]: "),
+)
+
+# Lines third-party code print()s to stdout that carry no information for the user.
+PRINTED_NOISE: tuple[re.Pattern[str], ...] = (
+    re.compile(
+        r"^No quant config is implemented for op, "
+        r"aten\.(dropout|contiguous|alias)\.default$"
+    ),
+)
 
 _quiet = False
 # Off in a process whose fd 2 is already captured whole (qnn_infer.isolation's child): there the
@@ -138,3 +164,50 @@ def native_noise_filtered() -> Iterator[None]:
             if kept:
                 sys.stderr.write("".join(kept))
                 sys.stderr.flush()
+
+
+class _DropPrinted(io.TextIOBase):
+    """A stdout that writes through every complete line but the `PRINTED_NOISE` ones."""
+
+    def __init__(self, target: TextIO) -> None:
+        super().__init__()
+        self._target = target
+        self._pending = ""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        self._pending += text
+        *lines, self._pending = self._pending.split("\n")
+        for line in lines:
+            if not any(p.search(line) for p in PRINTED_NOISE):
+                self._target.write(line + "\n")
+        return len(text)
+
+    def flush(self) -> None:
+        self._target.flush()
+
+    def close_pending(self) -> None:
+        if self._pending and not any(p.search(self._pending) for p in PRINTED_NOISE):
+            self._target.write(self._pending)
+        self._pending = ""
+        self._target.flush()
+
+
+@contextlib.contextmanager
+def printed_noise_filtered() -> Iterator[None]:
+    """Drop the `PRINTED_NOISE` lines Python code print()s to stdout while the block runs.
+
+    Does nothing unless `quiet_third_party` is in force (library callers and -v see it all).
+    """
+    if not _quiet:
+        yield
+        return
+    filtered = _DropPrinted(sys.stdout)
+    # A text stream in all but its class: redirect_stdout wants a TextIO.
+    with contextlib.redirect_stdout(cast(TextIO, filtered)):
+        try:
+            yield
+        finally:
+            filtered.close_pending()

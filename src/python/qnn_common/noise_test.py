@@ -65,3 +65,38 @@ def test_nothing_is_filtered_without_quiet(
     with noise.native_noise_filtered():
         os.write(sys.stderr.fileno(), b"[cpuinfo_utils.cpp:71] Reading file /sys/x\n")
     assert "cpuinfo" in capfd.readouterr().err
+
+
+def test_executorch_lowering_warnings_are_dropped(
+    quiet: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 24: seen on every QNN lowering of a real model."""
+    from executorch.exir.pass_manager import PassManager
+
+    with caplog.at_level(logging.DEBUG):
+        PassManager()  # the real constructor logs its deprecation
+        # ExecuTorch logs this through logging.warn (the root logger), once per op.
+        logging.warning(
+            "Op aten.unbind.int was requested for preservation by partitioner.  This request "
+            "is ignored because it aliases output."
+        )
+        logging.warning("Op aten.unbind.int is a real problem")
+    assert [r.getMessage() for r in caplog.records] == ["Op aten.unbind.int is a real problem"]
+
+
+def test_printed_noise_filtered(quiet: None, capsys: pytest.CaptureFixture[str]) -> None:
+    with noise.printed_noise_filtered():
+        print("No quant config is implemented for op, aten.dropout.default")
+        print("No quant config is implemented for op, aten.alias.default")
+        print("No quant config is implemented for op, aten.gelu.default")
+        print("tail without newline", end="")
+    assert capsys.readouterr().out == (
+        "No quant config is implemented for op, aten.gelu.default\ntail without newline"
+    )
+
+
+def test_qnn_runtime_info_lines_are_dropped(quiet: None, capfd: pytest.CaptureFixture[str]) -> None:
+    with noise.native_noise_filtered():
+        os.write(sys.stderr.fileno(), b"[INFO] [Qnn ExecuTorch]: Destroy Qnn context\n")
+        os.write(sys.stderr.fileno(), b"[ERROR] [Qnn ExecuTorch]: a real error\n")
+    assert capfd.readouterr().err == "[ERROR] [Qnn ExecuTorch]: a real error\n"

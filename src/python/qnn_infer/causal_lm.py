@@ -16,6 +16,7 @@ from qnn_common.errors import ArtifactError
 from qnn_common.hf_untrusted import HF_LOAD, refuse_custom_code
 from qnn_common.llm import GenerationConfig, LlmSpec, teacher_forced_logits
 from qnn_common.metrics import logits_accuracy
+from qnn_common.noise import native_noise_filtered
 from qnn_common.stages import EVAL_INPUTS, REFERENCE_FAKE_QUANT, REFERENCE_FP32, TOKENIZER_DIR
 from qnn_common.tensorio import load_samples
 from qnn_infer.chat_template import render_chat_prompt
@@ -87,7 +88,11 @@ def run_generation(
         text: str = tokenizer.decode(tokens, skip_special_tokens=True)
         return text
 
-    result = generate(lm.prefill, lm.decode, ids, cfg, spec, decode_text)
+    # The QNN emulator's runtime writes [INFO] lines to fd 2 on every call; held for the whole
+    # generation (not per call: that would cost each token a redirect), so the streamed text
+    # reads as one; anything else it wrote follows it.
+    with native_noise_filtered():
+        result = generate(lm.prefill, lm.decode, ids, cfg, spec, decode_text)
     log.info(
         "generated %d token(s): ttft %.1f ms, prefill %.1f tok/s, decode %.1f tok/s",
         len(result.tokens), result.ttft_ms, result.prefill_tokens_per_s,

@@ -24,6 +24,7 @@ from qnn_common.gates import AccuracyGates, default_accuracy_gates
 from qnn_common.llm import GenerationConfig, check_seed
 from qnn_common.recipes import Recipe
 from qnn_common.stages import InferInput
+from qnn_infer.deadline import set_run_timeout
 from qnn_infer.gates import GATES, LABELS
 
 
@@ -52,6 +53,14 @@ def add_threads_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, metavar="N",
                         help="CPU threads of the runtime on the host (XNNPACK's threadpool; "
                         "default: every core this process may use)")
+
+
+def add_run_timeout_arg(parser: argparse.ArgumentParser) -> None:
+    """--run-timeout, shared with qnn-pipeline: the bound on one run of a method."""
+    parser.add_argument("--run-timeout", type=float, metavar="SECONDS",
+                        help="end with an error when one run of the program does not return "
+                        "within this (default: 600, or $QNN_RUN_TIMEOUT_S; 0 = no bound); the "
+                        "QNN emulator can take far longer on some quantized programs")
 
 
 def add_inputs_arg(parser: argparse.ArgumentParser) -> None:
@@ -146,6 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=3, help="untimed runs first (default: 3)")
     p.add_argument("--runs", type=int, default=20, help="timed runs (default: 20)")
     add_threads_arg(p)
+    add_run_timeout_arg(p)
     p.add_argument("--etdump", action="store_true", help="write an ETDump profile")
     add_device_args(p)
     add_accuracy_gate_args(p)
@@ -157,6 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _main(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging(args.verbose, args.quiet)
+    set_run_timeout(args.run_timeout)
     check_path_args(args)
     check_output_writable(args.out, "--out")
     gates = {k: v for k, v in accuracy_gate_values(args).items() if v is not None}

@@ -29,6 +29,7 @@ from qnn_common.llm import (
     feed,
     method_steps,
 )
+from qnn_infer.deadline import bound_for, bounded
 
 
 @dataclass(frozen=True)
@@ -72,11 +73,13 @@ class PteLm:
                 f"and {DECODE}; compile it from a KV-cache export (qnn-prepare --kv-cache)",
             )
         self._methods = {m: program.load_method(m) for m in (PREFILL, DECODE)}
+        self._bounds = {m: bound_for(f"running {m} of {pte}") for m in (PREFILL, DECODE)}
         self.prefill, self.decode = method_steps(spec, self._run, rope)
 
     def _run(self, name: str, inputs: Sequence[torch.Tensor]) -> Sequence[torch.Tensor]:
         try:
-            outputs: Sequence[torch.Tensor] = self._methods[name].execute(list(inputs))
+            with bounded(self._bounds[name]):  # a run that never returns: qnn_infer.deadline
+                outputs: Sequence[torch.Tensor] = self._methods[name].execute(list(inputs))
         except RuntimeError as err:
             raise StageError("infer", f"the {name} method failed: {err}", err) from err
         return outputs

@@ -27,6 +27,7 @@ from qnn_common.errors import (
     StageError,
 )
 from qnn_common.noise import native_noise_filtered
+from qnn_infer.deadline import bound_for, bounded
 from qnn_infer.pte import check_pte_header, user_output_count
 
 _STAGE = Stage.INFER
@@ -172,6 +173,7 @@ class HostRunner:
                 self._method: Any = self._program.load_method(method)
         except RuntimeError as exc:
             raise self._explain_load_failure(exc) from exc
+        self._bound = bound_for(f"running {method} of {self.pte_path}")
 
     def run(self, inputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
         """Execute the method once on `inputs`.
@@ -183,7 +185,10 @@ class HostRunner:
         """
         self._check_inputs(inputs)
         try:
-            outputs = self._method.execute(inputs)
+            # Bounded: a run that never returns (seen on the QNN emulator) ends the process
+            # with one error line instead of hanging it (qnn_infer.deadline, --run-timeout).
+            with bounded(self._bound):
+                outputs = self._method.execute(inputs)
         except RuntimeError as exc:
             if "set_inputs" in str(exc):
                 # Passed the checks above (which allow any size up to the planned one, as a

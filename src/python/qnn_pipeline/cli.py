@@ -33,9 +33,11 @@ from qnn_infer.cli import (
     add_device_args,
     add_generation_args,
     add_inputs_arg,
+    add_run_timeout_arg,
     add_threads_arg,
     generation_values,
 )
+from qnn_infer.deadline import set_run_timeout
 
 EPILOG = """examples:
   qnn-pipeline --model minilm                      # XNNPACK 8a8w, the default
@@ -83,6 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--calibration-samples", type=int, help="default: 16")
     p.add_argument("--runs", type=int, help="timed inference runs (default: 20)")
     add_threads_arg(p)
+    add_run_timeout_arg(p)
     p.add_argument("--max-seq-len", type=int,
                    help="causal LMs with --prompt: context length of the KV cache "
                    "(default: min(512, max_position_embeddings))")
@@ -141,6 +144,7 @@ def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     setup_logging(args.verbose, args.quiet)
+    set_run_timeout(args.run_timeout)
     if args.list_socs:
         from qnn_common.soc import SOCS
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -12,6 +13,7 @@ from typing import Any
 
 from qnn_common.cli_support import (
     EXIT_CODES_HELP,
+    EXIT_ERROR,
     add_logging_args,
     check_output_writable,
     setup_logging,
@@ -193,4 +195,12 @@ def sweep_main(argv: Sequence[str] | None) -> int:
     )
     print(result.markdown, end="")
     print(f"tables: {result.markdown_path}, {result.json_path}")
-    return 0 if result.ok else 2
+    if result.ok:
+        return 0
+    # The tables list every failure; the one line a script or a reader of the tail sees.
+    failed = [c for c in result.cells if c.status in ("failed", "not run")]
+    first = failed[0]
+    print(f"error: {len(failed)} of {len(result.cells)} cells did not complete; first: "
+          f"{first.cell.name} at {first.failed_stage}: {first.error}; every failure is in "
+          f"{result.markdown_path}", file=sys.stderr)
+    return EXIT_ERROR

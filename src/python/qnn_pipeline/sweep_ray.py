@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
 from typing import Any
 
+from qnn_common.child_env import import_path, path_exported
 from qnn_common.errors import PipelineError
 from qnn_pipeline.ray_reaper import reaped_ray
 from qnn_pipeline.sweep import NodeResult, ProgressCallback, SweepPlan, execute_node
@@ -21,15 +21,15 @@ from qnn_pipeline.sweep import NodeResult, ProgressCallback, SweepPlan, execute_
 def ray_init_kwargs(jobs: int | None, address: str | None, verbose: bool = False) -> dict[str, Any]:
     """`ray.init` arguments: a local Ray of `jobs` CPUs, or the cluster at `address`.
 
-    A local Ray's workers get this process's `sys.path`, so they import what it imports (this
-    project's sources included); a cluster's workers need the qnn-pipeline wheels installed.
+    A local Ray's workers get this process's import path (`qnn_common.child_env`), so they import
+    what it imports (this project's sources included); a cluster's workers need the qnn-pipeline
+    wheels installed.
     """
     kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": verbose}
     if address is not None:
         return {**kwargs, "address": address}
-    paths = [os.path.abspath(p) for p in sys.path if p]  # a worker's cwd is not ours
     return {**kwargs, "num_cpus": jobs or os.cpu_count() or 1,
-            "runtime_env": {"env_vars": {"PYTHONPATH": os.pathsep.join(paths)}}}
+            "runtime_env": {"env_vars": {"PYTHONPATH": import_path()}}}
 
 
 def run_on_ray(
@@ -51,13 +51,13 @@ def run_on_ray(
         return _submit(ray, plan, on_done)
     with reaped_ray() if address is None else contextlib.nullcontext():
         try:
-            ray.init(**ray_init_kwargs(jobs, address, verbose))
-        except (ConnectionError, RuntimeError, ValueError) as err:
-            where = f"the Ray cluster at {address}" if address else "a local Ray"
-            raise PipelineError(
-                f"could not start or join {where}: {err}; check --ray-address (ray://host:10001 "
-                "or host:6379), or run with --jobs 1 to sweep without Ray"
-            ) from err
+            # A local Ray's node (raylet, its runtime_env and dashboard agents) is started by
+            # ray.init as `sys.executable` children with this environment: under a PEX they
+            # could not import ray, exited at once and the node timed out (issue 24).
+            with path_exported():
+                ray.init(**ray_init_kwargs(jobs, address, verbose))
+        except Exception as err:  # Ray raises bare Exception (node timeout), OSError, ...
+            raise PipelineError(_not_started(address, err)) from err
         try:
             return _submit(ray, plan, on_done)
         finally:
@@ -84,7 +84,36 @@ def _submit(ray: Any, plan: SweepPlan, on_done: ProgressCallback | None) -> dict
             except ray.exceptions.RayError as err:  # a worker died, or a parent's did
                 results[node.id] = NodeResult(node.id, node.stage, "failed",
                                               failed_stage=str(node.stage),
-                                              error=f"Ray task failed: {err}")
+                                              error=_task_failed(err))
             if on_done is not None:
                 on_done(node, results[node.id])
     return results
+
+
+def _first_line(err: BaseException) -> str:
+    lines = str(err).strip().splitlines()
+    return lines[0] if lines else type(err).__name__
+
+
+def _not_started(address: str | None, err: BaseException) -> str:
+    """One line: what failed, why (Ray's own first line) and what to do."""
+    if address is not None:
+        return (f"could not join the Ray cluster at {address}: {_first_line(err)}; check "
+                "--ray-address (ray://host:10001 or host:6379), or run with --jobs 1 to sweep "
+                "in this process without Ray")
+    return (f"could not start a local Ray: {_first_line(err)}; its logs are under "
+            "<tmp>/ray/session_latest/logs; run with --jobs 1 to sweep in this process without "
+            "Ray")
+
+
+def _task_failed(err: BaseException) -> str:
+    """A node's failure when Ray, not the stage, ended it: the worker process died (SIGKILL,
+    out of memory, a native crash), so no stage error exists to report."""
+    import ray
+
+    if isinstance(err, ray.exceptions.WorkerCrashedError | ray.exceptions.OutOfMemoryError
+                  | ray.exceptions.NodeDiedError | ray.exceptions.LocalRayletDiedError):
+        return (f"the Ray worker running this stage died ({type(err).__name__}): killed, out "
+                "of memory or a crash in native code; rerun the cell alone with qnn-pipeline "
+                "(or the sweep with --jobs 1) to see what it printed")
+    return f"Ray task failed: {_first_line(err)}"

@@ -24,6 +24,7 @@ from tqdm import tqdm
 
 from qnn_common.config import DEFAULT_LPBQ_BLOCK
 from qnn_common.errors import ConfigValidationError
+from qnn_common.noise import printed_noise_filtered
 from qnn_common.recipes import (
     DEFAULT_GROUP_SIZE,
     Recipe,
@@ -180,7 +181,9 @@ def prepare_program(
         target, recipe, per_channel, block_size, plan.float_nodes, plan.dynamic_nodes
     )
     quantizer = quantizer_for(spec, graph_module)
-    prepared: torch.fx.GraphModule = prepare_pt2e(graph_module, quantizer)
+    # The QNN quantizer print()s a line per node of an op it has no config for (dropout...).
+    with printed_noise_filtered():
+        prepared: torch.fx.GraphModule = prepare_pt2e(graph_module, quantizer)
     if not any(is_observer(n) for n in prepared.graph.nodes):
         raise NothingQuantizedError(target, recipe, graph_module, len(plan.float_nodes))
     return prepared

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from qnn_common.child_env import python_child_env
 from qnn_common.qnn_sdk import QnnSdk, find_qnn_sdk
 
 
@@ -48,6 +48,4 @@ def wheel_package_dir() -> Path:
 @pytest.fixture
 def child_env(_isolated_env: None) -> dict[str, str]:
     """A child Python's environment: this test's imports and cache, and no QNN_SDK_ROOT."""
-    env = {k: v for k, v in os.environ.items() if k != "QNN_SDK_ROOT"}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
-    return env
+    return python_child_env({k: v for k, v in os.environ.items() if k != "QNN_SDK_ROOT"})
