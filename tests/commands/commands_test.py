@@ -29,6 +29,16 @@ REPO_ENTRIES = ("pants", "pants.toml", "pants.ci.toml", "pants.remote.toml", "BU
 PEX_NAME = "pex-v2.1.137"
 TIMINGS: dict[str, float] = {}
 
+# Each command's first `./pants run` assembles its own PEX (torch, executorch, ...: minutes on 2
+# cores), so every push runs the commands whose child processes broke under a PEX (issue 24: the
+# pipeline's CLI, the sweep's local Ray, the bench's per-stage children); QNN_COMMANDS=all adds
+# the stages alone and qnn-sdk-setup, each another PEX (weekly and on request:
+# .github/workflows/commands.yml).
+ALL = os.environ.get("QNN_COMMANDS", "default") == "all"
+every_command = pytest.mark.skipif(
+    not ALL, reason="one more PEX to assemble: runs with QNN_COMMANDS=all (weekly in CI)"
+)
+
 
 def _source_root() -> Path:
     """The sandbox (under ./pants test) or the checkout (pytest from the repo root)."""
@@ -91,6 +101,7 @@ def _pants_run(repo: Path, name: str, target: str, *argv: str) -> str:
     return done.stdout
 
 
+@every_command
 def test_stages_alone(repo: Path) -> None:
     _pants_run(repo, "prepare", "src/python/qnn_prepare:cli", "--model", "tiny-cnn",
                "-o", "out/prep", "--calibration-samples", "4", "--eval-samples", "2")
@@ -131,6 +142,7 @@ def test_bench(repo: Path) -> None:
     assert "tiny-cnn" in json.dumps(rows)
 
 
+@every_command
 def test_qnn_sdk_setup(repo: Path) -> None:
     root = _pants_run(repo, "qnn-sdk-setup", "src/python/qnn_common:qnn-sdk-setup",
                       "--print-root").strip()
