@@ -690,7 +690,7 @@ def test_kv_cache_settings_need_kv_cache_and_qnn_gets_kv_io() -> None:
 def test_generation_table_loads_from_toml(write_toml: WriteToml) -> None:
     ctx = load_pipeline_toml(write_toml(
         '[pipeline]\nmodel="tiny-llama"\n[prepare]\nkv_cache = true\n'
-        '[infer.generation]\nprompt = "Hi"\nmax_new_tokens = 4\ntop_k = 3\n'
+        '[infer.generation]\nprompt = "Hi"\nmax_new_tokens = 4\ntemperature = 0.7\ntop_k = 3\n'
     ))
     assert ctx.infer.generation is not None
     assert (ctx.infer.generation.prompt, ctx.infer.generation.top_k) == ("Hi", 3)
