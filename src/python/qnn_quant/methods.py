@@ -164,9 +164,10 @@ def share_observers(source: torch.fx.GraphModule, dest: torch.fx.GraphModule) ->
     """Copy every observer's statistics from `source` (prefill) to its counterpart in `dest`.
 
     Observers match by the op they observe: its module path, its target and how many such ops
-    came before it. The methods may differ by a few layout ops (a transpose that is a no-op for
-    one token); every observer of `dest` must have a counterpart of the same type, or this
-    refuses. Returns the number copied.
+    came before it (and, for a tensor observed more than once, which of its observers). The
+    methods may differ by a few layout ops (a `contiguous` that is a no-op for one token); every
+    observer of `dest` must have a counterpart of the same type and end up with statistics, or
+    this refuses. Returns the number copied.
     """
     src, dst = _observers(source), _observers(dest)
     for key, (name, observer) in dst.items():
