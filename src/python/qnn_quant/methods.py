@@ -133,10 +133,13 @@ def quantize_causal_lm(
 def _observers(gm: torch.fx.GraphModule) -> dict[tuple[str, ...], tuple[str, Any]]:
     """Observers keyed by what they observe, the same way in every method: a graph input by
     name, an op by (module path, target, how many such ops came before it), and an observer of
-    an observer by its source's key plus a marker."""
+    a node by its source's key plus a marker and how many observers of that source came before
+    it. The count matters where one tensor has several observers: a tied embedding / LM-head
+    weight feeds the embedding (per-tensor) and the LM head (per-channel), and without it the
+    two shared one key, so one of them was never copied."""
     keys: dict[torch.fx.Node, tuple[str, ...]] = {}
     out: dict[tuple[str, ...], tuple[str, Any]] = {}
-    seen: collections.Counter[tuple[str, str]] = collections.Counter()
+    seen: collections.Counter[tuple[str, ...]] = collections.Counter()
     for node in gm.graph.nodes:
         if node.op == "placeholder":
             keys[node] = ("input", node.name)
@@ -146,8 +149,10 @@ def _observers(gm: torch.fx.GraphModule) -> dict[tuple[str, ...], tuple[str, Any
             seen[what] += 1
         elif node.op == "call_module":
             source = node.args[0] if node.args else None
-            key = (*keys.get(source, ("?", str(source))), "observer") if isinstance(
+            base = (*keys.get(source, ("?", str(source))), "observer") if isinstance(
                 source, torch.fx.Node) else ("?", node.name)
+            key = (*base, str(seen[base]))
+            seen[base] += 1
             keys[node] = key
             observer = gm.get_submodule(str(node.target))
             if hasattr(observer, "calculate_qparams"):
@@ -159,9 +164,10 @@ def share_observers(source: torch.fx.GraphModule, dest: torch.fx.GraphModule) ->
     """Copy every observer's statistics from `source` (prefill) to its counterpart in `dest`.
 
     Observers match by the op they observe: its module path, its target and how many such ops
-    came before it. The methods may differ by a few layout ops (a transpose that is a no-op for
-    one token); every observer of `dest` must have a counterpart of the same type, or this
-    refuses. Returns the number copied.
+    came before it (and, for a tensor observed more than once, which of its observers). The
+    methods may differ by a few layout ops (a `contiguous` that is a no-op for one token); every
+    observer of `dest` must have a counterpart of the same type and end up with statistics, or
+    this refuses. Returns the number copied.
     """
     src, dst = _observers(source), _observers(dest)
     for key, (name, observer) in dst.items():
@@ -174,7 +180,27 @@ def share_observers(source: torch.fx.GraphModule, dest: torch.fx.GraphModule) ->
                 "are not one program at two shapes, so they cannot share quantization scales",
             )
         observer.load_state_dict(match[1].state_dict())
+    unobserved = [
+        name for name, observer in dst.values()
+        if not _has_observed(observer)
+    ]
+    if unobserved:
+        # convert_pt2e would quantize these with its default qparams (scale 1): a weight at
+        # scale 1 rounds to a handful of integers and the method's logits are noise.
+        raise StageError(
+            _STAGE,
+            f"observers {unobserved[:5]} of decode have no statistics after sharing prefill's "
+            f"({len(unobserved)} in all): calibration never reached the ops they observe",
+        )
     return len(dst)
+
+
+def _has_observed(observer: Any) -> bool:
+    """Whether a min/max observer has seen data (an unrun one holds inf, or no channels)."""
+    low = getattr(observer, "min_val", None)
+    if not isinstance(low, torch.Tensor):
+        return True  # not a min/max observer: nothing to tell
+    return low.numel() > 0 and bool(torch.isfinite(low).all())
 
 
 def _reset_cache(gm: torch.nn.Module) -> None:

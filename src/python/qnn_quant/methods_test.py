@@ -1,0 +1,99 @@
+"""Prefill and decode quantized with one set of scales (`quantize_causal_lm`, `share_observers`)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from qnn_common.errors import StageError
+from qnn_common.llm import DECODE, PREFILL, LlmSpec
+from qnn_common.recipes import Backend, Recipe
+from qnn_common.soc import lookup_soc
+from qnn_common.target import Target
+from qnn_quant.fused_qdq import reference_module
+from qnn_quant.layers import plan_layers
+from qnn_quant.methods import module_runner, quantize_causal_lm, share_observers
+from qnn_quant.pt2e import float_graph, prepare_program
+
+HTP = Target(Backend.QNN, lookup_soc("SM8650"))
+VOCAB, HIDDEN, PREFILL_LEN = 64, 16, 4
+SPEC = LlmSpec(max_seq_len=16, prefill_len=PREFILL_LEN, vocab_size=VOCAB)
+
+
+class TiedLm(nn.Module):
+    """Embedding -> norm -> LM head sharing the embedding's weight, as SmolLM2 and most small
+    LLMs do; per token, so prefill and decode compute the same logits for the same token."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = nn.Embedding(VOCAB, HIDDEN)
+        self.norm = nn.LayerNorm(HIDDEN)
+        self.head = nn.Linear(HIDDEN, VOCAB, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, input_ids: torch.Tensor, cache_position: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.head(self.norm(self.embed(input_ids)))
+        return out
+
+
+def _programs() -> dict[str, torch.export.ExportedProgram]:
+    module = TiedLm().eval()
+    return {
+        method: torch.export.export(module, (), {
+            "input_ids": torch.zeros(1, n, dtype=torch.int64),
+            "cache_position": torch.arange(n),
+        }, strict=False)
+        for method, n in ((PREFILL, PREFILL_LEN), (DECODE, 1))
+    }
+
+
+def _weight_scales(program: torch.export.ExportedProgram) -> list[torch.Tensor]:
+    """The per-channel weight scales of a converted program (the LM head's), in graph order."""
+    gm = program.module()
+    scales = []
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and "dequantize_per_channel" in str(node.target):
+            scale = node.args[1]
+            assert isinstance(scale, torch.fx.Node)
+            scales.append(getattr(gm, str(scale.target)).clone())
+    return scales
+
+
+def test_decode_gets_prefills_scales_for_a_tied_lm_head() -> None:
+    """Calibration texts of two whole chunks run prefill only (as the causal-LM task's do), so
+    decode's every scale comes from sharing. The tied weight has two observers (the embedding's
+    per-tensor, the head's per-channel); when they shared one key the head's was never copied,
+    decode's LM head was quantized at scale 1 and its logits were noise."""
+    calibration = [torch.randint(0, VOCAB, (2 * PREFILL_LEN,), generator=torch.Generator()
+                                 .manual_seed(i)) for i in range(4)]
+    quantized, _ = quantize_causal_lm(
+        _programs(), target=HTP, recipe=Recipe.A16W8, spec=SPEC, calibration=calibration,
+        progress=False,
+    )
+    prefill_scales, decode_scales = (_weight_scales(quantized[m]) for m in (PREFILL, DECODE))
+    assert len(prefill_scales) == len(decode_scales) == 1
+    assert prefill_scales[0].shape == (VOCAB,) and bool((prefill_scales[0] < 0.1).all())
+    torch.testing.assert_close(decode_scales[0], prefill_scales[0], rtol=0, atol=0)
+    # Same scales everywhere: decode computes exactly what prefill computes for each token.
+    run = module_runner({m: reference_module(p) for m, p in quantized.items()}, SPEC)
+    ids = calibration[0][:PREFILL_LEN]
+    prefill = run(PREFILL, (ids[None], torch.arange(PREFILL_LEN)))[0][0]
+    for i, token in enumerate(ids.tolist()):
+        decode = run(DECODE, (torch.tensor([[token]]), torch.tensor([i])))[0][0, 0]
+        torch.testing.assert_close(decode, prefill[i], rtol=0, atol=0)
+
+
+def test_sharing_refuses_to_leave_a_decode_observer_without_statistics() -> None:
+    """Sharing from a prefill that was never calibrated leaves decode with nothing: refused,
+    not converted at default scales."""
+    prepared = {}
+    for method, program in _programs().items():
+        gm = float_graph(program)
+        prepared[method] = prepare_program(
+            program, target=HTP, recipe=Recipe.A16W8, graph_module=gm,
+            plan=plan_layers(gm, HTP, Recipe.A16W8, None, None),
+        )
+    with pytest.raises(StageError, match="no statistics"):
+        share_observers(prepared[PREFILL], prepared[DECODE])
