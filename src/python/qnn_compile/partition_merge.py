@@ -27,19 +27,16 @@ node order is not topological, which the bitsets' one-pass build needs, take the
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
+from contextlib import AbstractContextManager
 from typing import Any
 
 import torch.fx
 
-log = logging.getLogger(__name__)
+from qnn_compile.scoped_patch import Replacement, ScopedPatch
 
-_lock = threading.Lock()
-_active = 0
-_saved: dict[str, Any] = {}
+log = logging.getLogger(__name__)
 
 
 class _Reachability:
@@ -95,7 +92,7 @@ def _merge_partitions(
     """`GroupBasedPartitioner._merge_partitions` with each try answered from bitsets."""
     reach = _Reachability.of(self.graph_module.graph)
     if reach is None:
-        _saved["_merge_partitions"](
+        _PATCH.original("_merge_partitions")(
             self, partitions_by_id, assignment, partition_users, partition_map,
             partitions_order,
         )
@@ -137,7 +134,7 @@ class _LazyDependencyViewer:
 
     def _viewer(self) -> Any:
         if self._built is None:
-            self._built = _saved["_DependencyViewer"](self._graph_module)
+            self._built = _PATCH.original("_DependencyViewer")(self._graph_module)
         return self._built
 
     def downstreams_of(self, node: torch.fx.Node) -> set[torch.fx.Node]:
@@ -149,28 +146,18 @@ class _LazyDependencyViewer:
         return result
 
 
-@contextlib.contextmanager
-def merging_in_linear_checks() -> Iterator[None]:
-    """While inside, ExecuTorch's `GroupBasedPartitioner` merges with bitset checks."""
-    global _active
+def _replacements() -> list[Replacement]:
     from executorch.exir.backend.canonical_partitioners import group_partitioner
 
-    cls = group_partitioner.GroupBasedPartitioner
-    with _lock:
-        if _active == 0:
-            _saved["_merge_partitions"] = cls._merge_partitions
-            _saved["_DependencyViewer"] = group_partitioner._DependencyViewer
-            # setattr: mypy would reject assigning a function over a method or a class.
-            setattr(cls, "_merge_partitions", _merge_partitions)  # noqa: B010
-            setattr(group_partitioner, "_DependencyViewer", _LazyDependencyViewer)  # noqa: B010
-        _active += 1
-    try:
-        yield
-    finally:
-        with _lock:
-            _active -= 1
-            if _active == 0:
-                setattr(cls, "_merge_partitions", _saved.pop("_merge_partitions"))  # noqa: B010
-                setattr(  # noqa: B010
-                    group_partitioner, "_DependencyViewer", _saved.pop("_DependencyViewer")
-                )
+    return [
+        (group_partitioner.GroupBasedPartitioner, "_merge_partitions", _merge_partitions),
+        (group_partitioner, "_DependencyViewer", _LazyDependencyViewer),
+    ]
+
+
+_PATCH = ScopedPatch(_replacements)
+
+
+def merging_in_linear_checks() -> AbstractContextManager[None]:
+    """While inside, ExecuTorch's `GroupBasedPartitioner` merges with bitset checks."""
+    return _PATCH.active()

@@ -18,16 +18,12 @@ runs, like `qnn_compile.partition_merge`.
 
 from __future__ import annotations
 
-import contextlib
-import threading
-from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from typing import Any
 
 import torch.fx
 
-_lock = threading.Lock()
-_active = 0
-_saved: dict[str, Any] = {}
+from qnn_compile.scoped_patch import Replacement, ScopedPatch
 
 
 def _no_recompile() -> None:
@@ -42,36 +38,21 @@ def _create_partitions_in_graph_module(
     # submodules keep theirs); the graph setter calls self.recompile().
     object.__setattr__(gm, "recompile", _no_recompile)
     try:
-        return _saved["_create_partitions_in_graph_module"](gm, *args, **kwargs)
+        return _PATCH.original("_create_partitions_in_graph_module")(gm, *args, **kwargs)
     finally:
         object.__delattr__(gm, "recompile")
         gm.recompile()
 
 
-@contextlib.contextmanager
-def recompiling_once() -> Iterator[None]:
-    """While inside, a program cut into partitions regenerates its code once, not per cut."""
-    global _active
+def _replacements() -> list[Replacement]:
     from executorch.exir.backend import backend_api
 
-    with _lock:
-        if _active == 0:
-            _saved["_create_partitions_in_graph_module"] = (
-                backend_api._create_partitions_in_graph_module
-            )
-            # setattr: mypy rejects assigning over a module's function.
-            setattr(  # noqa: B010
-                backend_api, "_create_partitions_in_graph_module",
-                _create_partitions_in_graph_module,
-            )
-        _active += 1
-    try:
-        yield
-    finally:
-        with _lock:
-            _active -= 1
-            if _active == 0:
-                setattr(  # noqa: B010
-                    backend_api, "_create_partitions_in_graph_module",
-                    _saved.pop("_create_partitions_in_graph_module"),
-                )
+    return [(backend_api, "_create_partitions_in_graph_module", _create_partitions_in_graph_module)]
+
+
+_PATCH = ScopedPatch(_replacements)
+
+
+def recompiling_once() -> AbstractContextManager[None]:
+    """While inside, a program cut into partitions regenerates its code once, not per cut."""
+    return _PATCH.active()

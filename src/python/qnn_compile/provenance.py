@@ -29,38 +29,27 @@ change another program's history.
 
 from __future__ import annotations
 
-import contextlib
-import threading
-from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from typing import Any
 
 from torch.fx.traceback import NodeSource
 
-_lock = threading.Lock()
-_active = 0
-_ours = False
+from qnn_compile.scoped_patch import Replacement, ScopedPatch
 
 
 def _share(self: NodeSource, memo: dict[int, Any]) -> NodeSource:
     return self
 
 
-@contextlib.contextmanager
-def sharing_node_sources() -> Iterator[None]:
+def _replacements() -> list[Replacement]:
+    if "__deepcopy__" in vars(NodeSource):
+        return []  # torch defines its own: left alone
+    return [(NodeSource, "__deepcopy__", _share)]
+
+
+_PATCH = ScopedPatch(_replacements)
+
+
+def sharing_node_sources() -> AbstractContextManager[None]:
     """While inside, `copy.deepcopy` shares NodeSource objects instead of copying them."""
-    global _active, _ours
-    with _lock:
-        if _active == 0 and "__deepcopy__" not in vars(NodeSource):
-            # setattr, not an assignment: torch declares no __deepcopy__, which mypy would
-            # flag; B010 prefers the assignment.
-            setattr(NodeSource, "__deepcopy__", _share)  # noqa: B010
-            _ours = True
-        _active += 1
-    try:
-        yield
-    finally:
-        with _lock:
-            _active -= 1
-            if _active == 0 and _ours:
-                delattr(NodeSource, "__deepcopy__")
-                _ours = False
+    return _PATCH.active()
