@@ -265,6 +265,8 @@ def _remove_previous_summary(path: Path) -> None:
     if not os.path.lexists(path):
         return
     if not is_our_summary(path):
+        if not os.path.lexists(path):
+            return  # removed meanwhile by another run into this --out (a sweep's cells share one)
         raise ArtifactError(
             path,
             "exists and is not a summary this pipeline wrote; refusing to replace it with this "

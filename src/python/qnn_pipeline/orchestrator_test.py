@@ -10,6 +10,7 @@ from qnn_common.config import PipelineContext, Stage
 from qnn_common.errors import ArtifactError, ConfigValidationError, PipelineError
 from qnn_common.manifest import write_manifest
 from qnn_common.recipes import Backend, Recipe
+from qnn_pipeline import orchestrator
 from qnn_pipeline.cli import main
 from qnn_pipeline.orchestrator import (
     StageRecord,
@@ -101,3 +102,24 @@ def test_context_takes_backend_and_recipe_by_name() -> None:
     assert (ctx.backend, ctx.recipe) == (Backend.XNNPACK, Recipe.A8W8)
     with pytest.raises(ConfigValidationError, match="unknown recipe"):
         PipelineContext.create("tiny-cnn", recipe="9a9w")
+
+
+def test_a_summary_removed_by_another_run_meanwhile_is_no_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sweep's cells share one --out: two may find the previous summary and one removes it
+    while the other is reading it; that is not someone else's file."""
+    summary = tmp_path / "summary.json"
+    summary.write_text("{}")
+
+    def read_as_another_run_removes_it(path: Path) -> bool:
+        path.unlink()  # the other cell's removal, between our lexists and our read
+        return False
+
+    monkeypatch.setattr(orchestrator, "is_our_summary", read_as_another_run_removes_it)
+    orchestrator._remove_previous_summary(summary)
+    assert not summary.exists()
+    summary.write_text("{}")  # still there, and not ours: refused
+    monkeypatch.setattr(orchestrator, "is_our_summary", lambda path: False)
+    with pytest.raises(ArtifactError, match="not a summary this pipeline wrote"):
+        orchestrator._remove_previous_summary(summary)
