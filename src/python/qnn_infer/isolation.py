@@ -37,7 +37,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from qnn_common import own_programs
-from qnn_common.errors import ArtifactError
+from qnn_common.cli_support import EXIT_ERROR
+from qnn_common.errors import ArtifactError, PipelineError
 from qnn_common.noise import stop_filtering_native_output
 
 log = logging.getLogger(__name__)
@@ -49,6 +50,7 @@ Rehearsal = Callable[[Step], object]
 _TAIL_CHARS = 240
 # The child's exit codes: returned, raised a Python exception.
 _RETURNED, _RAISED = 0, 1
+_ERROR_PREFIX = "error: "
 
 
 def rehearse_unless_own(pte: Path, rehearsal: Rehearsal) -> None:
@@ -92,6 +94,9 @@ def rehearse(pte: Path, rehearsal: Rehearsal) -> None:
             return
         output.seek(0)
         printed = output.read().decode("utf-8", "backslashreplace")
+    bounded = _run_bound_expired(status, printed)
+    if bounded is not None:
+        raise PipelineError(bounded)  # the bound on one run (qnn_infer.deadline) ended the child
     last_step = steps.decode("utf-8", "replace").splitlines()[-1:] or ["loading it"]
     raise ArtifactError(
         pte,
@@ -118,6 +123,15 @@ def _child(rehearsal: Rehearsal, steps_fd: int, output_fd: int) -> None:
     finally:
         # No atexit handlers, no buffered output flushed twice, no finally of the parent's stack.
         os._exit(code)
+
+
+def _run_bound_expired(status: int, printed: str) -> str | None:
+    """The deadline's message if the run bound ended the child: it prints its one `error:` line
+    and exits with EXIT_ERROR, a code the child itself never uses."""
+    if not (os.WIFEXITED(status) and os.WEXITSTATUS(status) == EXIT_ERROR):
+        return None
+    said = [line for line in printed.splitlines() if line.startswith(_ERROR_PREFIX)]
+    return said[-1][len(_ERROR_PREFIX):] if said else None
 
 
 def _describe(status: int) -> str:
