@@ -54,7 +54,7 @@ def _dyn(algorithm: str = "hqq_scale_only", mapping: str = "SYMMETRIC") -> Any:
     from torchao.quantization.granularity import PerGroup
 
     return Int8DynamicActivationIntxWeightConfig(
-        weight_dtype=torch.int4,  # type: ignore[attr-defined]
+        weight_dtype=torch.int4,  # type: ignore[attr-defined]  # real at run time, not in the stubs
         weight_granularity=PerGroup(GROUP),
         weight_mapping_type=getattr(MappingType, mapping),
         intx_choose_qparams_algorithm=algorithm,
@@ -66,7 +66,7 @@ def _wo(algorithm: str = "hqq_scale_only", mapping: str = "SYMMETRIC") -> Any:
     from torchao.quantization.granularity import PerGroup
 
     return IntxWeightOnlyConfig(
-        weight_dtype=torch.int4,  # type: ignore[attr-defined]
+        weight_dtype=torch.int4,  # type: ignore[attr-defined]  # real at run time, not in the stubs
         granularity=PerGroup(GROUP),
         mapping_type=getattr(MappingType, mapping),
         intx_choose_qparams_algorithm=algorithm,

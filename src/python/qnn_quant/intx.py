@@ -80,7 +80,7 @@ def _config(group_size: int) -> Any:
 
     return Int8DynamicActivationIntxWeightConfig(
         # A real dtype since torch 2.3 (the sub-byte ints), missing from torch's type stubs.
-        weight_dtype=torch.int4,  # type: ignore[attr-defined]
+        weight_dtype=torch.int4,  # type: ignore[attr-defined]  # real at run time, not in the stubs
         weight_granularity=PerGroup(group_size),
         intx_choose_qparams_algorithm=CHOOSE_QPARAMS_ALGORITHM,
     )
