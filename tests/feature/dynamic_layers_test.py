@@ -26,14 +26,23 @@ from qnn_quant.quantizers import dynamic_scale_per_row
 Programs = tuple[LoadedModel, torch.export.ExportedProgram, torch.export.ExportedProgram]
 
 
-@pytest.fixture(scope="module")
-def minilm() -> Programs:
+def _quantized_minilm(layers: int | None = None) -> Programs:
     model = load_model("minilm", seq_len=32)
+    if layers is not None:
+        encoder = model.module.get_submodule("hf.encoder")
+        blocks = encoder.get_submodule("layer")
+        assert isinstance(blocks, torch.nn.ModuleList)
+        encoder.layer = blocks[:layers]
     fp32 = export_program(model)
     calibration = make_calibration(model, num_samples=8, source=None, seed=1126)
     quantized = quantize_program(fp32, target=Target(Backend.XNNPACK), recipe=Recipe.A8W8,
                                  calibration=calibration, progress=False)
     return model, fp32, quantized
+
+
+@pytest.fixture(scope="module")
+def minilm() -> Programs:
+    return _quantized_minilm()
 
 
 def _lower_and_run(
@@ -83,12 +92,21 @@ def test_per_row_reference_is_what_xnnpack_computes(minilm: Programs, tmp_path: 
 
 
 def test_portable_computes_what_fake_quant_computes(minilm: Programs, tmp_path: Path) -> None:
-    model, _, quantized = minilm
+    """The same quantized_decomposed math, in one encoder block to float rounding. Over six, a
+    value that lands on the other side of a rounding boundary moves one level, and each later
+    dynamic quantization carries it on: how far depends on the CPU's float summation order
+    (max |diff| 0.002 on one machine, 0.014 on another; cosine 0.9971 there)."""
+    model, _, one_block = _quantized_minilm(layers=1)
     inputs = tuple(model.example_inputs)
-    lowered, out = _lower_and_run(quantized, Backend.PORTABLE, inputs, tmp_path)
+    lowered, out = _lower_and_run(one_block, Backend.PORTABLE, inputs, tmp_path)
     assert lowered.partitions == 0
+    assert lowered.op_counts["quantized_decomposed.choose_qparams.tensor"] == 4  # qkv, o, up, down
+    with torch.no_grad():
+        fake = one_block.module()(*inputs)
+    assert float((fake - out).abs().max()) <= 1e-4
+
+    _, _, quantized = minilm
+    _, out = _lower_and_run(quantized, Backend.PORTABLE, inputs, tmp_path)
     with torch.no_grad():
         fake = quantized.module()(*inputs)
-    # The same quantized_decomposed math; float summation order differs, and a value that lands
-    # on the other side of a rounding boundary moves one level (max |diff| 0.002 at seq 32).
-    assert cosine(fake.numpy(), out.numpy()) >= 0.9999
+    assert cosine(fake.numpy(), out.numpy()) >= 0.995

@@ -6,10 +6,12 @@ import os
 import subprocess
 import sys
 
+from qnn_compile import native_log
+
 # In a child process, so that fd 2 and sys.stderr are a real process's (pytest replaces both).
 _CHILD = """
 import logging, os, sys
-from qnn_compile.native_log import NativeLog
+from {module} import NativeLog
 logging.basicConfig(stream=sys.stderr, format="%(message)s")
 handler = logging.getLogger().handlers[0]
 native = NativeLog()
@@ -23,7 +25,8 @@ assert handler.stream is sys.stderr
 
 def test_log_lines_pass_while_native_output_is_held() -> None:
     done = subprocess.run(
-        [sys.executable, "-c", _CHILD], capture_output=True, text=True, check=False,
+        [sys.executable, "-c", _CHILD.format(module=native_log.__name__)],
+        capture_output=True, text=True, check=False,
         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
     )
     assert done.returncode == 0, done.stderr

@@ -6,8 +6,9 @@ a SIGTERM) can act until it returns. The bound is therefore armed in the C libra
 timers (`timer_create` with SIGEV_THREAD) whose expiry calls a libc function in a new native
 thread, with no Python involved. At the bound the first runs `system()` on a command that prints
 our one `error:` line to stderr; a moment later the second calls `_exit(2)`, the exit code every
-CLI gives an error. Nothing is unwound (the GIL is held): the stage's staging directory is left,
-as after a kill, and the next run sweeps it; no partial artifact was sealed.
+CLI gives an error. A call that returns between the two is ended all the same: the line said
+so. Nothing is unwound (the GIL is held): the stage's staging directory is left, as after a
+kill, and the next run sweeps it; no partial artifact was sealed.
 
 This is the seam for running programs in a child process (issue 27): there, the parent waits
 for the child with the same bound and kills it instead; `bounded` is the one call to replace.
@@ -20,9 +21,10 @@ import ctypes
 import ctypes.util
 import os
 import shlex
+import time
 import weakref
 from collections.abc import Iterator
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NoReturn
 
 from qnn_common.cli_support import EXIT_ERROR
 from qnn_common.errors import ConfigValidationError
@@ -121,15 +123,19 @@ class _Armed:
         on, self._off = _Itimerspec(), _Itimerspec()
         on.it_value.tv_sec = int(seconds)
         on.it_value.tv_nsec = int((seconds - int(seconds)) * 1e9)
-        self._on = on
+        self._on, self._old = on, _Itimerspec()
         self._on_ref, self._off_ref = ctypes.byref(on), ctypes.byref(self._off)
+        self._old_ref = ctypes.byref(self._old)
 
     def arm(self) -> None:
         if self._call(self._id, 0, self._on_ref, None):
             raise OSError(ctypes.get_errno(), "timer_settime failed")
 
-    def disarm(self) -> None:
-        self._call(self._id, 0, self._off_ref, None)
+    def disarm(self) -> bool:
+        """Disarm; True if the timer had already expired (its function has run or is running)."""
+        self._call(self._id, 0, self._off_ref, self._old_ref)
+        left = self._old.it_value
+        return bool(left.tv_sec == 0 and left.tv_nsec == 0)
 
 
 class RunBound:
@@ -165,10 +171,19 @@ class RunBound:
         try:
             yield
         finally:
+            if self._armed_say.disarm():
+                # The error line is printed or being printed: the run is over even if the call
+                # returned in the grace before the exit, or one line would say "ended" of a run
+                # that went on to succeed. The exit timer, still armed, ends the process.
+                _await_exit()
             self._armed_exit.disarm()
-            self._armed_say.disarm()
         self._proven = True  # not on an exception: a failed run proves nothing
 
+
+def _await_exit() -> NoReturn:
+    """Wait for the exit timer (armed `_GRACE_S` after the message); exit as it would if not."""
+    time.sleep(2 * _GRACE_S)
+    os._exit(EXIT_ERROR)
 
 
 def _delete(*timers: _NativeTimer) -> None:
