@@ -106,6 +106,11 @@ def test_fp32_greedy_generation_equals_eager_hf_token_for_token(
     assert generation["decode_tokens_per_s"] > 0 and generation["ttft_ms"] > 0
     assert generation["argmax_agreement_vs_eager"] == 1.0
     assert generation["sqnr_db_vs_eager"] > 60  # fp32 vs fp32: rounding only
+    # Issue 21: of the held-out text (never the calibration text), the program's perplexity is
+    # eager's to 0.1 %; a byte-level toy trained on other text finds it hard (well above 1).
+    ppl = generation["perplexity"]
+    assert ppl["tokens"] > 0 and ppl["fp32"] > 1.5
+    assert abs(ppl["program"] / ppl["fp32"] - 1) <= 1e-3 and abs(ppl["vs_fp32"]) <= 1e-3
 
 
 def test_decode_with_the_cache_equals_a_full_recompute(fp32: dict[str, Any], eager: Any) -> None:
@@ -133,7 +138,12 @@ def test_decode_with_the_cache_equals_a_full_recompute(fp32: dict[str, Any], eag
 def test_8a8w_keeps_argmax_agreement_and_shares_scales(tmp_path: Path) -> None:
     summary = _pipeline(tmp_path, "8a8w")
     generation = summary["generation"]
-    assert generation["argmax_agreement_vs_eager"] >= 0.9  # measured 0.94
+    # Measured 0.81 on the held-out half of the toy's text (0.94 when the eval windows overlapped
+    # the calibration ones, before issue 21); 32 positions, so one position is 0.03.
+    assert generation["argmax_agreement_vs_eager"] >= 0.75
+    ppl = generation["perplexity"]
+    assert set(ppl) == {"fp32", "fake_quant", "program", "tokens", "vs_fp32"}
+    assert ppl["program"] == pytest.approx(ppl["fake_quant"], rel=0.02)
     # Measured "inf" (summary.json spells it so): the logits leave the program quantized, as
     # everything XNNPACK takes is now quantized, and its int8 kernels round to the same levels.
     assert float(summary["accuracy"]["sqnr_db_vs_fake_quant"]) >= 30

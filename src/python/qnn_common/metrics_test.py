@@ -9,7 +9,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from qnn_common.metrics import ErrorStats, cosine, max_abs_error, sqnr_db
+from qnn_common.metrics import ErrorStats, cosine, max_abs_error, perplexity, sqnr_db
 
 
 def test_sqnr_of_known_noise() -> None:
@@ -120,3 +120,32 @@ def test_float32_stats_agree_with_float64_and_keep_exact_matches_exact() -> None
     assert same.sqnr_db == math.inf and same.cosine == pytest.approx(1.0)
     with pytest.raises(ValueError, match="size mismatch"):
         same.update_float32(ref, ref[:2])
+
+
+def test_perplexity_scores_each_next_token() -> None:
+    vocab = 7
+    # Flat logits: every next token has probability 1 / vocab, whatever the text.
+    assert perplexity([np.zeros((5, vocab))], [[1, 2, 3, 4, 5]]) == pytest.approx(vocab)
+    # Position i predicts token i + 1 (the last position predicts nothing).
+    rng = np.random.default_rng(0)
+    texts = [rng.integers(0, vocab, size=n) for n in (4, 9)]
+    logits = [rng.normal(size=(len(t), vocab)) * 3 for t in texts]
+    nll = [
+        -(row[nxt] - math.log(sum(math.exp(v) for v in row)))
+        for scores, ids in zip(logits, texts, strict=True)
+        for row, nxt in zip(scores[:-1], ids[1:], strict=True)
+    ]
+    assert perplexity(logits, texts) == pytest.approx(math.exp(sum(nll) / len(nll)), rel=1e-12)
+    # Large logits do not overflow: a confident right answer is perplexity 1.
+    sure = np.full((3, vocab), -1e4)
+    sure[np.arange(3), [1, 2, 0]] = 1e4
+    assert perplexity([sure], [[0, 1, 2]]) == pytest.approx(1.0)
+
+
+def test_perplexity_refuses_mismatched_inputs() -> None:
+    with pytest.raises(ValueError, match="2 logits arrays for 1"):
+        perplexity([np.zeros((2, 3))] * 2, [[0, 1]])
+    with pytest.raises(ValueError, match="3 positions, 2 tokens"):
+        perplexity([np.zeros((3, 3))], [[0, 1]])
+    with pytest.raises(ValueError, match="at least 2 tokens"):
+        perplexity([np.zeros((1, 3))], [[0]])

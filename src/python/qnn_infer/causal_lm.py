@@ -3,7 +3,8 @@
 The eval texts travel with the artifact (token sequences) together with the eager HF model's
 logits on them (fp32) and the fake-quantized program's: feeding each text through the .pte gives
 logits at every position, compared with `qnn_common.metrics.logits_accuracy` (SQNR, cosine and
-argmax agreement). Then the program generates from the prompt, timed.
+argmax agreement), and the perplexity of the texts under each of the three. Then the program
+generates from the prompt, timed.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 from qnn_common.errors import ArtifactError
 from qnn_common.hf_untrusted import HF_LOAD, refuse_custom_code
 from qnn_common.llm import GenerationConfig, LlmSpec, teacher_forced_logits
-from qnn_common.metrics import logits_accuracy
+from qnn_common.metrics import logits_accuracy, perplexity
 from qnn_common.noise import native_noise_filtered
 from qnn_common.stages import EVAL_INPUTS, REFERENCE_FAKE_QUANT, REFERENCE_FP32, TOKENIZER_DIR
 from qnn_common.tensorio import load_samples
@@ -66,12 +67,21 @@ def teacher_forced_accuracy(
     texts = [s[0] for s in load_samples(artifact / EVAL_INPUTS)]
     logits = teacher_forced_logits(lm.prefill, lm.decode, texts, spec)
     accuracy: dict[str, Any] = {}
-    for key, name in (("vs_fp32", REFERENCE_FP32), ("vs_fake_quant", REFERENCE_FAKE_QUANT)):
+    ppl = {"program": perplexity([x.numpy() for x in logits], [t.numpy() for t in texts])}
+    for key, name, who in (
+        ("vs_fp32", REFERENCE_FP32, "fp32"), ("vs_fake_quant", REFERENCE_FAKE_QUANT, "fake_quant"),
+    ):
         if name in have:
-            reference = [s[0] for s in load_samples(artifact / name)]
-            accuracy[key] = logits_accuracy(
-                [r.numpy() for r in reference], [x.numpy() for x in logits]
-            )
+            reference = [s[0].numpy() for s in load_samples(artifact / name)]
+            accuracy[key] = logits_accuracy(reference, [x.numpy() for x in logits])
+            ppl[who] = perplexity(reference, [t.numpy() for t in texts])
+    # Of the held-out eval texts (prepare), next token by next token: the model's own figure of
+    # merit, which logits' SQNR is not (a tied LM head's error can cost little perplexity).
+    accuracy["perplexity"] = {
+        **{k: round(v, 4) for k, v in ppl.items()},
+        "tokens": sum(max(0, int(t.numel()) - 1) for t in texts),
+        **({"vs_fp32": round(ppl["program"] / ppl["fp32"] - 1, 5)} if "fp32" in ppl else {}),
+    }
     return accuracy
 
 

@@ -361,8 +361,21 @@ def _generation_summary(metric: Callable[..., Any]) -> dict[str, Any]:
                 Stage.INFER, "accuracy", "vs_fp32", "argmax_agreement"
             ),
             "sqnr_db_vs_eager": metric(Stage.INFER, "accuracy", "vs_fp32", "sqnr_db"),
+            # Of the held-out eval texts: eager fp32, fake quant (if quantized), the program.
+            "perplexity": metric(Stage.INFER, "accuracy", "perplexity"),
         }
     }
+
+
+def _perplexity_line(ppl: dict[str, Any]) -> str:
+    figures = [f"{label} {ppl[key]:.3f}" for key, label in (
+        ("fp32", "eager fp32"), ("fake_quant", "fake quant"), ("program", "program"),
+    ) if isinstance(ppl.get(key), float | int)]
+    change = ppl.get("vs_fp32")
+    return (
+        f"perplexity of the held-out text ({ppl.get('tokens')} tokens): " + ", ".join(figures)
+        + (f" ({change:+.1%} vs fp32)" if isinstance(change, float | int) else "")
+    )
 
 
 def _verdict(ok: bool | None) -> str:
@@ -413,4 +426,7 @@ def format_summary(summary: dict[str, Any]) -> str:
             f"argmax agreement vs eager {num(gen['argmax_agreement_vs_eager'], '.3f')}, "
             f"SQNR vs eager {num(gen['sqnr_db_vs_eager'], '.1f')} dB"
         )
+        ppl = gen.get("perplexity")
+        if isinstance(ppl, dict):
+            lines.append(_perplexity_line(ppl))
     return "\n".join(lines)

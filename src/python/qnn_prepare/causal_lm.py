@@ -13,8 +13,9 @@ built-ins `tiny-llama` and `tiny-qwen` (`qnn_prepare.tiny_decoders`) and `smollm
 
 from __future__ import annotations
 
+import importlib.resources
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,41 @@ TOKENIZER_FILES = (
 
 
 @dataclass(frozen=True)
+class EvalTexts:
+    """The text calibration reads and the one the eval reads, with what each is (for reports)."""
+
+    calibration: str
+    calibration_source: str
+    eval: str
+    eval_source: str
+
+
+def _resource_text(name: str) -> str:
+    return importlib.resources.files("qnn_prepare").joinpath(f"data/{name}").read_text("utf-8")
+
+
+_ALICE = "Alice's Adventures in Wonderland, ch. 1 (public domain)"
+# Every model not trained on the shipped text: calibrate on Alice, evaluate on held-out text no
+# model here was trained on (the Gettysburg Address and the opening of the Declaration of
+# Independence, public domain).
+HELD_OUT = EvalTexts(
+    calibration=text_bytes().decode("utf-8"), calibration_source=f"text: {_ALICE}",
+    eval=_resource_text("eval_text.txt"),
+    eval_source="text: the Gettysburg Address, the Declaration of Independence (public domain)",
+)
+# The tiny decoders were trained on Alice and find any other text near-random (flat logits make
+# argmax agreement a coin toss, `qnn_prepare.tiny_decoders`): they calibrate on its first half
+# and are evaluated on its second.
+_half = len(HELD_OUT.calibration) // 2
+HALVES = EvalTexts(
+    calibration=HELD_OUT.calibration[:_half],
+    calibration_source=f"text: {_ALICE}, first half (the tiny decoders' training text)",
+    eval=HELD_OUT.calibration[_half:],
+    eval_source=f"text: {_ALICE}, second half (the tiny decoders' training text)",
+)
+
+
+@dataclass(frozen=True)
 class CausalLm:
     """A loaded decoder: the HF model (eval), its tokenizer and files, and the export shapes."""
 
@@ -54,6 +90,9 @@ class CausalLm:
     tokenizer: Any | None
     spec: LlmSpec
     tokenizer_files: dict[str, bytes] = field(default_factory=dict)
+    # What calibration reads and what the eval (teacher-forced logits, perplexity) reads: never
+    # the same text.
+    texts: EvalTexts = HELD_OUT
 
     def encode(self, text: str) -> list[int]:
         """Token ids of `text` (no special tokens added); bytes mod vocab without a tokenizer."""
@@ -82,7 +121,7 @@ def load_causal_lm(
     if spec in TINY_DECODERS:
         with tempfile.TemporaryDirectory() as tmp:
             directory = save_tiny_decoder(spec, Path(tmp) / spec, seed=seed)
-            return _load_dir(directory, spec, max_seq_len, prefill_len)
+            return replace(_load_dir(directory, spec, max_seq_len, prefill_len), texts=HALVES)
     if spec == SMOLLM2:
         with tempfile.TemporaryDirectory() as tmp:
             directory = save_smollm2(Path(tmp) / spec)
@@ -260,19 +299,22 @@ def eager_logits(lm: CausalLm, sequences: list[torch.Tensor]) -> list[torch.Tens
         return [lm.hf(input_ids=s[None], use_cache=False).logits[0].float() for s in sequences]
 
 
-def text_sequences(lm: CausalLm, count: int, length: int, offset: int = 0) -> list[torch.Tensor]:
-    """`count` token windows of `length` from the shipped public-domain text (Alice's
-    Adventures in Wonderland, ch. 1), starting `offset` windows in; wraps around the text."""
-    ids = lm.encode(text_bytes().decode("utf-8"))
+def text_sequences(
+    lm: CausalLm, count: int, length: int, offset: int = 0, *, text: str | None = None,
+    stride: int | None = None,
+) -> list[torch.Tensor]:
+    """`count` token windows of `length` from `text` (default: the model's calibration text),
+    `stride` tokens apart (default half a window), starting `offset` windows in; wraps around."""
+    ids = lm.encode(text if text is not None else lm.texts.calibration)
     if len(ids) < length:
         raise ConfigValidationError(
             "prepare.max_seq_len", length,
             f"the shipped text tokenizes to {len(ids)} tokens, too few for samples of {length}; "
             "use a smaller --max-seq-len / --prefill-len",
         )
-    stride = max(1, length // 2)
+    step = stride if stride is not None else max(1, length // 2)
     out = []
     for i in range(offset, offset + count):
-        start = (i * stride) % (len(ids) - length + 1)
+        start = (i * step) % (len(ids) - length + 1)
         out.append(torch.tensor(ids[start : start + length], dtype=torch.int64))
     return out

@@ -4,7 +4,8 @@ a cache, as one logits-only forward at a fixed length.
 Sources: the built-in tiny decoders (`qnn_prepare.tiny_decoders`), SmolLM2-135M-Instruct
 (`qnn_prepare.smollm2`) and local HF directories whose
 architecture is a ``*ForCausalLM``. With ``kv_cache`` the artifact carries a program per method,
-calibration and eval texts as token sequences (the shipped public-domain text), the eager HF
+calibration and eval texts as token sequences (two shipped public-domain texts, never the same
+one for both: `causal_lm.EvalTexts`), the eager HF
 model's teacher-forced logits as the fp32 reference, the tokenizer and chat template, and for
 ``kv_io`` the rotary table the host feeds.
 """
@@ -168,8 +169,10 @@ def _export_kv_cache(config: PrepareConfig) -> TaskExport:
     # the teacher-forced eval see the cache being read, not only written.
     length = min(spec.max_seq_len, 2 * spec.prefill_len)
     calibration = text_sequences(lm, config.calibration_samples, length)
+    # Never the calibration text: windows of the held-out text, one after the other (each token
+    # counts once in the perplexity until the text runs out).
     eval_tokens = text_sequences(
-        lm, config.eval_samples, length, offset=config.calibration_samples
+        lm, config.eval_samples, length, text=lm.texts.eval, stride=length
     )
     t = time.perf_counter()
     reference = eager_logits(lm, eval_tokens)
@@ -196,9 +199,10 @@ def _export_kv_cache(config: PrepareConfig) -> TaskExport:
             "calibration_samples": len(calibration),
             "eval_samples": len(eval_tokens),
             "calibration": {
-                "source": "text: Alice's Adventures in Wonderland, ch. 1 (public domain)",
+                "source": lm.texts.calibration_source,
                 "tokens_per_sample": length,
             },
+            "eval": {"source": lm.texts.eval_source, "tokens_per_sample": length},
         },
         tables={ROPE_TABLE: [rope]} if rope is not None else {},
     )
