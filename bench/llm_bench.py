@@ -82,6 +82,7 @@ def _run(model: str, recipe: str, work: Path, args: argparse.Namespace) -> dict[
     row["generation"] = {k: metrics["generation"][k] for k in (
         "ttft_ms", "prefill_tokens_per_s", "decode_tokens_per_s", "new_tokens")}
     row["argmax_agreement_vs_eager"] = metrics["accuracy"]["vs_fp32"]["argmax_agreement"]
+    row["perplexity"] = metrics["accuracy"]["perplexity"]  # held-out text: fp32, fake quant, .pte
     row["pte_bytes"] = (comp / "model.pte").stat().st_size
     row["separate_pte_bytes"] = _separate_size(source, recipe)
     return row
@@ -122,8 +123,9 @@ def main() -> None:
     print(f"{args.model}, prompt {PROMPT!r}, {args.new_tokens} new tokens, greedy; "
           f"{result['machine']}, {result['date']}; eager HF decode {eager:.0f} tok/s")
     print("| recipe | decode tok/s | vs eager | prefill tok/s | TTFT ms | argmax vs eager "
-          "| .pte bytes (2 separate) | stage s (prep/quant/comp/infer) | peak RSS MB |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "| perplexity (eager fp32) | .pte bytes (2 separate) | stage s (prep/quant/comp/infer) "
+          "| peak RSS MB |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         g = r["generation"]
         stages = "/".join(str(r["seconds"].get(s, "-")) for s in
@@ -133,6 +135,7 @@ def main() -> None:
         print(f"| {r['recipe']} | {g['decode_tokens_per_s']:.0f} | "
               f"{g['decode_tokens_per_s'] / eager:.1f}x | {g['prefill_tokens_per_s']:.0f} | "
               f"{g['ttft_ms']:.1f} | {r['argmax_agreement_vs_eager']:.3f} | "
+              f"{r['perplexity']['program']:.3f} ({r['perplexity']['fp32']:.3f}) | "
               f"{r['pte_bytes']:,} ({r['separate_pte_bytes']:,}) | {stages} | {rss} |")
 
 

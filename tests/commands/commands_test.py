@@ -143,6 +143,18 @@ def test_bench(repo: Path) -> None:
 
 
 @every_command
+def test_llm_bench(repo: Path) -> None:
+    """The README's LLM bench, in small: its table has perplexity beside argmax agreement."""
+    (repo / "out").mkdir(exist_ok=True)
+    table = _pants_run(repo, "llm-bench", "bench/llm_bench.py", "--recipes", "fp32",
+                       "--max-seq-len", "48", "--prefill-len", "8", "--new-tokens", "4",
+                       "--runs", "1", "--json", "out/llm.json")
+    (row,) = json.loads((repo / "out" / "llm.json").read_text())["rows"]
+    assert row["perplexity"]["program"] == pytest.approx(row["perplexity"]["fp32"], rel=1e-3)
+    assert "| perplexity (eager fp32) |" in table
+
+
+@every_command
 def test_qnn_sdk_setup(repo: Path) -> None:
     root = _pants_run(repo, "qnn-sdk-setup", "src/python/qnn_common:qnn-sdk-setup",
                       "--print-root").strip()

@@ -6,8 +6,10 @@ in qnn_common's SoC table. Precisions are the suite's seven recipes, restricted 
 target can run by qnn_common's recipe rules (XNNPACK: fp32 and 8a8w; fp16 and LPBQ from V69,
 16a16w from V73).
 
-Modes (environment variable `QNN_OP_SUITE`): ``default`` runs the whole catalogue on xnnpack and
-portable, and on V75 (`DEFAULT_ARCH`): the `qnn` subset at every precision, every other case once
+Modes (environment variable `QNN_OP_SUITE`): ``default`` runs the whole catalogue on xnnpack at
+every precision; on portable every case once, its precision dealt round-robin (the reference
+kernels: the same case's fp32 and 8a8w programs call mostly the same ones, and a cell costs CI
+seconds); and on V75 (`DEFAULT_ARCH`): the `qnn` subset at every precision, every other case once
 at a precision dealt round-robin (every precision exercised, one program per case: each QNN
 compile and emulator run costs seconds). Every other HTP arch runs the `smoke` subset, precisions
 dealt the same way. ``full`` runs every cell.
@@ -184,9 +186,11 @@ def _dealt(
 def cells(cases: Sequence[Selectable], targets: Sequence[OpTarget], mode: Mode) -> Iterator[Cell]:
     """The cells `mode` runs, target by target, case by case, precision by precision."""
     for target in targets:
-        if mode is Mode.FULL or target.backend is not Backend.QNN:
+        if mode is Mode.FULL or target.backend is Backend.XNNPACK:
             for case in cases:
                 yield from (Cell(case.name, target, p) for p in target.precisions)
+        elif target.backend is Backend.PORTABLE:
+            yield from _dealt(target, cases, lpbq_needs_linear=False)
         elif target.arch is DEFAULT_ARCH:
             for case in (c for c in cases if c.qnn):
                 yield from (Cell(case.name, target, p) for p in target.precisions)
