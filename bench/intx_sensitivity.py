@@ -32,6 +32,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from qnn_quant.intx import INT4
+
 GROUP = 32
 
 
@@ -54,7 +56,7 @@ def _dyn(algorithm: str = "hqq_scale_only", mapping: str = "SYMMETRIC") -> Any:
     from torchao.quantization.granularity import PerGroup
 
     return Int8DynamicActivationIntxWeightConfig(
-        weight_dtype=torch.int4,  # type: ignore[attr-defined]  # real at run time, not in the stubs
+        weight_dtype=INT4,
         weight_granularity=PerGroup(GROUP),
         weight_mapping_type=getattr(MappingType, mapping),
         intx_choose_qparams_algorithm=algorithm,
@@ -66,7 +68,7 @@ def _wo(algorithm: str = "hqq_scale_only", mapping: str = "SYMMETRIC") -> Any:
     from torchao.quantization.granularity import PerGroup
 
     return IntxWeightOnlyConfig(
-        weight_dtype=torch.int4,  # type: ignore[attr-defined]  # real at run time, not in the stubs
+        weight_dtype=INT4,
         granularity=PerGroup(GROUP),
         mapping_type=getattr(MappingType, mapping),
         intx_choose_qparams_algorithm=algorithm,

@@ -51,6 +51,9 @@ log = logging.getLogger(__name__)
 
 # torchao's scale choice for this recipe in ExecuTorch's LLM export (see the module docstring).
 CHOOSE_QPARAMS_ALGORITHM = "hqq_scale_only"
+# The 4-bit weight dtype: real since torch 2.3 (the sub-byte ints), missing from torch's type
+# stubs: silenced once here rather than at every use.
+INT4: torch.dtype = torch.int4  # type: ignore[attr-defined]
 
 
 @dataclass
@@ -79,8 +82,7 @@ def _config(group_size: int) -> Any:
     from torchao.quantization.granularity import PerGroup
 
     return Int8DynamicActivationIntxWeightConfig(
-        # A real dtype since torch 2.3 (the sub-byte ints), missing from torch's type stubs.
-        weight_dtype=torch.int4,  # type: ignore[attr-defined]  # real at run time, not in the stubs
+        weight_dtype=INT4,
         weight_granularity=PerGroup(group_size),
         intx_choose_qparams_algorithm=CHOOSE_QPARAMS_ALGORITHM,
     )
