@@ -26,12 +26,16 @@ class ScopedPatch:
         self._replacements = replacements
         self._lock = threading.Lock()
         self._active = 0
-        # Attribute name -> (owner, the owner's own entry before, the attribute as looked up).
-        self._saved: dict[str, tuple[object, object, Any]] = {}
+        # (owner, attribute name, the owner's own entry before), in installation order.
+        self._saved: list[tuple[object, str, object]] = []
+        # Attribute name -> the attribute as looked up on its first owner, before the patch.
+        self._originals: dict[str, Any] = {}
 
     def original(self, name: str) -> Any:
-        """The attribute `name` as it was looked up before the patch (only while active)."""
-        return self._saved[name][2]
+        """The attribute `name` as it was looked up before the patch (only while active). Where
+        several owners' `name` are replaced (a function and the modules that imported it), the
+        first owner's."""
+        return self._originals[name]
 
     def installed(self) -> bool:
         """Whether any replacement is in place now."""
@@ -45,8 +49,8 @@ class ScopedPatch:
                 for owner, name, new in self._replacements():
                     # vars(): the owner's own entry (a plain function for a method), so that
                     # setting it back restores the class exactly as it was.
-                    self._saved[name] = (owner, vars(owner).get(name, _MISSING),
-                                         getattr(owner, name, None))
+                    self._saved.append((owner, name, vars(owner).get(name, _MISSING)))
+                    self._originals.setdefault(name, getattr(owner, name, None))
                     # setattr: mypy rejects assigning over a method, class or module function.
                     setattr(owner, name, new)
             self._active += 1
@@ -56,9 +60,10 @@ class ScopedPatch:
             with self._lock:
                 self._active -= 1
                 if self._active == 0:
-                    for name, (owner, old, _) in self._saved.items():
+                    for owner, name, old in reversed(self._saved):
                         if old is _MISSING:
                             delattr(owner, name)
                         else:
                             setattr(owner, name, old)
                     self._saved.clear()
+                    self._originals.clear()

@@ -74,3 +74,18 @@ def test_no_replacements_changes_nothing() -> None:
     with patch.active():
         assert not patch.installed()
     assert _Owner().own() == "stock"
+
+
+class _Importer:
+    """A second owner of the same name, as a module that did `from owner import own` is."""
+
+    own = vars(_Owner)["own"]
+
+
+def test_one_name_on_several_owners_each_restored_original_from_the_first() -> None:
+    stock = vars(_Owner)["own"]
+    patch = ScopedPatch(lambda: [(_Owner, "own", _ours), (_Importer, "own", _ours)])
+    with patch.active():
+        assert (_Owner().own(), _Importer().own()) == ("ours", "ours")
+        assert patch.original("own") is stock
+    assert vars(_Owner)["own"] is stock and vars(_Importer)["own"] is stock

@@ -6,13 +6,13 @@ in qnn_common's SoC table. Precisions are the suite's seven recipes, restricted 
 target can run by qnn_common's recipe rules (XNNPACK: fp32 and 8a8w; fp16 and LPBQ from V69,
 16a16w from V73).
 
-Modes (environment variable `QNN_OP_SUITE`): ``default`` runs the whole catalogue on xnnpack at
-every precision; on portable every case once, its precision dealt round-robin (the reference
-kernels: the same case's fp32 and 8a8w programs call mostly the same ones, and a cell costs CI
-seconds); and on V75 (`DEFAULT_ARCH`): the `qnn` subset at every precision, every other case once
-at a precision dealt round-robin (every precision exercised, one program per case: each QNN
-compile and emulator run costs seconds). Every other HTP arch runs the `smoke` subset, precisions
-dealt the same way. ``full`` runs every cell.
+Modes (environment variable `QNN_OP_SUITE`): ``default`` runs the whole catalogue, one program
+per case at a precision dealt round-robin (every precision exercised; a cell costs CI seconds),
+on xnnpack, portable and V75 (`DEFAULT_ARCH`), plus a subset at every precision: on xnnpack the
+`smoke` subset (fp32 and int8 are different XNNPACK kernels; each case meets both weekly, in
+``full``), on V75 the `qnn` subset; portable has none (the reference kernels: a case's fp32 and
+8a8w programs call mostly the same ones). Every other HTP arch runs the `smoke` subset,
+precisions dealt the same way. ``full`` runs every cell.
 
 V75's catalogue deal skips 16a4w_block for a case without a linear layer: LPBQ blocks linear
 weights only, so that cell could only show the refusal and the case would never reach the HTP.
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import enum
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -183,17 +183,31 @@ def _dealt(
         turn += 1
 
 
+def _every_precision_then_dealt(
+    target: OpTarget, cases: Sequence[Selectable], subset: Callable[[Selectable], bool],
+    *, lpbq_needs_linear: bool,
+) -> Iterator[Cell]:
+    for case in (c for c in cases if subset(c)):
+        yield from (Cell(case.name, target, p) for p in target.precisions)
+    rest = [c for c in cases if not subset(c)]
+    yield from _dealt(target, rest, lpbq_needs_linear=lpbq_needs_linear)
+
+
 def cells(cases: Sequence[Selectable], targets: Sequence[OpTarget], mode: Mode) -> Iterator[Cell]:
     """The cells `mode` runs, target by target, case by case, precision by precision."""
     for target in targets:
-        if mode is Mode.FULL or target.backend is Backend.XNNPACK:
+        if mode is Mode.FULL:
             for case in cases:
                 yield from (Cell(case.name, target, p) for p in target.precisions)
+        elif target.backend is Backend.XNNPACK:
+            yield from _every_precision_then_dealt(
+                target, cases, lambda c: c.smoke, lpbq_needs_linear=False
+            )
         elif target.backend is Backend.PORTABLE:
             yield from _dealt(target, cases, lpbq_needs_linear=False)
         elif target.arch is DEFAULT_ARCH:
-            for case in (c for c in cases if c.qnn):
-                yield from (Cell(case.name, target, p) for p in target.precisions)
-            yield from _dealt(target, [c for c in cases if not c.qnn], lpbq_needs_linear=True)
+            yield from _every_precision_then_dealt(
+                target, cases, lambda c: c.qnn, lpbq_needs_linear=True
+            )
         else:
             yield from _dealt(target, [c for c in cases if c.smoke], lpbq_needs_linear=False)
