@@ -22,6 +22,7 @@ from torch.export import ExportedProgram
 
 from qnn_common.child_env import python_child_env
 from qnn_common.config import CompileConfig
+from qnn_common.program_state import initial_buffers_kept
 from qnn_common.recipes import Backend, Recipe
 from qnn_common.tensorio import Sample, flatten_outputs
 from qnn_compile.backends import lowering_for
@@ -94,8 +95,9 @@ class Harness:
         return example, [case.inputs(g) for _ in range(CALIBRATION_SAMPLES)]
 
     def _reference(self, program: ExportedProgram, example: Sample) -> Arrays:
-        with torch.no_grad():
-            # A copy: cases that update an input in place must not change the example.
+        # A copy: cases that update an input in place must not change the example; and the
+        # program's buffers as they were: it is lowered after this.
+        with torch.no_grad(), initial_buffers_kept(program):
             return _numpy(flatten_outputs(program.module()(*copy.deepcopy(example))))
 
     def exported(self, case: OpCase) -> _Program:

@@ -27,6 +27,7 @@ from qnn_common.errors import StageError
 from qnn_common.manifest import atomic_path
 from qnn_common.recipes import Backend
 from qnn_compile.backends import BackendLowering
+from qnn_compile.cia_ops import materializing_once
 from qnn_compile.decompositions import check_kernels, check_ranks, decompose
 from qnn_compile.native_log import NativeLog
 from qnn_compile.partition_merge import merging_in_linear_checks
@@ -77,6 +78,7 @@ def lower_program(
     etrecord_path: Path | None = None,
     share_provenance: bool = True,
     fast_partitioning: bool = True,
+    materialize_cia_once: bool = True,
 ) -> LoweredProgram:
     """Lower `ep` with a backend's `lowering` (see `qnn_compile.backends`) to .pte bytes.
 
@@ -90,7 +92,9 @@ def lower_program(
     `share_provenance=False` lowers with torch's own per-pass deep copies of every node's
     provenance (`qnn_compile.provenance`), `fast_partitioning=False` with ExecuTorch's own
     partition merge (`qnn_compile.partition_merge`) and a code generation per partition cut
-    (`qnn_compile.partition_recompile`): the same bytes, slower; for comparisons (bench/).
+    (`qnn_compile.partition_recompile`), `materialize_cia_once=False` with torch materializing
+    its CompositeImplicitAutograd ops once per op namespace per query (`qnn_compile.cia_ops`):
+    the same bytes, slower; for comparisons (bench/).
 
     Raises:
         MissingKernelError: an operator left outside the delegates has no kernel in the
@@ -101,8 +105,15 @@ def lower_program(
     """
     # 25 % of lowering was copying provenance (qnn_compile.provenance); the stock partition
     # merge is cubic in a decoder's depth, cutting the partitions quadratic
-    # (qnn_compile.partition_merge, qnn_compile.partition_recompile).
+    # (qnn_compile.partition_merge, qnn_compile.partition_recompile); on small programs most
+    # of `run_decompositions` was torch walking its CIA ops once per op namespace
+    # (qnn_compile.cia_ops).
+    # No autograd: serializing a program that updates a buffer in place from parameters that
+    # require grad (as loaded) fails in ExecuTorch's passes ("a leaf Variable that requires grad
+    # is being used in an in-place operation").
     with (
+        torch.no_grad(),
+        materializing_once() if materialize_cia_once else contextlib.nullcontext(),
         sharing_node_sources() if share_provenance else contextlib.nullcontext(),
         merging_in_linear_checks() if fast_partitioning else contextlib.nullcontext(),
         recompiling_once() if fast_partitioning else contextlib.nullcontext(),
@@ -172,6 +183,7 @@ def _lower(
 
     for method in programs:  # a 5-D convolution left outside a delegate fails at run time
         check_ranks(edge.exported_program(method).graph_module)
+        _keep_initial_buffer_values(edge.exported_program(method))
     try:
         with native.capture():
             et_program = edge.to_executorch(executorch_config)
@@ -199,6 +211,29 @@ def _lower(
         partitions=partitions,
         op_counts=dict(sorted(outside.items())),
     )
+
+
+def _keep_initial_buffer_values(ep: torch.export.ExportedProgram) -> None:
+    """Serialize the initial value of each buffer the program updates in place, unless it is
+    all zeros.
+
+    ExecuTorch takes a mutated buffer's initial state to be meaningless: only its shape and dtype
+    are written, and the runtime starts it at zeros. PyTorch starts it at the value the model
+    registered, so a buffer that starts at anything else ran wrong, silently. A zero buffer (a
+    KV cache) is left to the runtime's zeros: the same values, and no cache-sized bytes in the
+    .pte.
+    """
+    signature = ep.graph_signature
+    mutated = set(signature.buffers_to_mutate.values())
+    for node in ep.graph.nodes:
+        if node.op != "placeholder":
+            continue
+        fqn = signature.inputs_to_buffers.get(node.name)
+        if fqn is None or fqn not in mutated:
+            continue
+        value = ep.state_dict.get(fqn, ep.constants.get(fqn))
+        if isinstance(value, torch.Tensor) and bool(value.any()):
+            node.meta["et_init_buffer"] = True
 
 
 def _mutates_buffers(ep: torch.export.ExportedProgram) -> bool:

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from qnn_common.errors import ConfigValidationError
+from qnn_common.program_state import initial_buffers_kept
 from qnn_common.tensorio import ModelInputs, check_structure
 from qnn_prepare.task import LoadedModel
 
@@ -176,9 +177,10 @@ def load_factory(spec: str) -> LoadedModel:
     # One eager call names the outputs and fails here, with the spec in the message, rather than
     # deep inside torch.export.
     try:
-        with torch.no_grad():
-            # On a copy: a model that updates its inputs in place would otherwise change the
-            # example inputs that are exported with and saved as the first eval sample.
+        # On a copy: a model that updates its inputs in place would otherwise change the
+        # example inputs that are exported with and saved as the first eval sample; and its
+        # buffers as registered: it is exported after this.
+        with torch.no_grad(), initial_buffers_kept(module):
             out = module(*copy.deepcopy(example), **copy.deepcopy(kwargs))
     except (Exception, SystemExit) as err:  # user code: reported against the spec, exits too
         raise ConfigValidationError(

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from qnn_common.config import PrepareConfig
+from qnn_common.program_state import initial_buffers_kept
 from qnn_common.stages import DEFAULT_METHOD, TOKENIZER_DIR
 from qnn_common.tensorio import ModelInputs, Sample, flatten_outputs
 from qnn_prepare.calibration import calibration_summary, make_inputs
@@ -45,7 +46,8 @@ def export_single(model: LoadedModel, config: PrepareConfig, load_s: float) -> T
 
     t = time.perf_counter()
     module = program.module()
-    with torch.no_grad():
+    # initial_buffers_kept: a model that updates a buffer in place must be saved as registered.
+    with torch.no_grad(), initial_buffers_kept(program):
         # On copies: a model that updates its inputs in place would otherwise change the eval
         # inputs saved with the artifact (which would then hold f(x), not x).
         reference = [_call(module, sample) for sample in eval_inputs]

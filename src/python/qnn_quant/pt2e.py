@@ -25,6 +25,7 @@ from tqdm import tqdm
 from qnn_common.config import DEFAULT_LPBQ_BLOCK
 from qnn_common.errors import ConfigValidationError
 from qnn_common.noise import printed_noise_filtered
+from qnn_common.program_state import initial_buffers_kept
 from qnn_common.recipes import (
     DEFAULT_GROUP_SIZE,
     Recipe,
@@ -118,16 +119,17 @@ def quantize_program_with_gptq(
     graph_module = float_graph(ep)
     plan = plan_layers(graph_module, target, recipe, keep_float, dynamic_layers)
     result = None
-    if rounding is WeightRounding.GPTQ:
-        result = round_weights(
-            {"forward": graph_module}, lambda: run(graph_module, "gptq"),
-            bits=weight_bits(recipe), skip=lambda node: node.name in plan.float_nodes,
+    with initial_buffers_kept(ep):
+        if rounding is WeightRounding.GPTQ:
+            result = round_weights(
+                {"forward": graph_module}, lambda: run(graph_module, "gptq"),
+                bits=weight_bits(recipe), skip=lambda node: node.name in plan.float_nodes,
+            )
+        prepared = prepare_program(
+            ep, target=target, recipe=recipe, per_channel=per_channel, block_size=block_size,
+            graph_module=graph_module, plan=plan,
         )
-    prepared = prepare_program(
-        ep, target=target, recipe=recipe, per_channel=per_channel, block_size=block_size,
-        graph_module=graph_module, plan=plan,
-    )
-    run(prepared, "calibrate")
+        run(prepared, "calibrate")
     if result is not None:
         pin_weight_scales(prepared, result, weight_bits(recipe))
     first = tuple(samples[0].args)

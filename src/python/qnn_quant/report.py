@@ -33,6 +33,7 @@ import torch
 from torch.export import ExportedProgram
 
 from qnn_common import metrics
+from qnn_common.program_state import initial_buffers_kept
 from qnn_common.tensorio import flatten_outputs
 from qnn_quant.fused_qdq import fuse_qdq_pairs
 from qnn_quant.layers import module_path
@@ -115,7 +116,8 @@ def accuracy_report_and_outputs(
     output_stats: list[metrics.ErrorStats] = []
     layer_stats = {name: metrics.ErrorStats() for name in layers}
     fake_quant: list[tuple[torch.Tensor, ...]] = []
-    with torch.no_grad():
+    # Both modules share their buffers with the programs, which are saved after this.
+    with torch.no_grad(), initial_buffers_kept(fp32, quantized):
         for i, sample in enumerate(samples):
             if ref_gm is not None and ref_log is not None:
                 ref_out, ref_vals = _run(ref_gm, ref_log, sample)

@@ -107,7 +107,12 @@ def lowering(config: CompileConfig) -> BackendLowering:
     return BackendLowering(
         target=config.target,
         recipe=LoweringRecipe(
-            partitioners=[QnnPartitioner(specs)],
+            # A buffer the program updates in place (a static KV cache) stays a program input
+            # and the runtime writes it back: delegated as upstream's default does, the HTP
+            # graph binds it to one I/O address the runtime never fills, and the program
+            # returned garbage, or failed to lower when the buffer itself is an output.
+            # Programs without mutated buffers are partitioned the same either way.
+            partitioners=[QnnPartitioner(specs, skip_mutable_buffer=True)],
             edge_transform_passes=[edge_passes],
             edge_compile_config=qnn_edge_config(),
         ),

@@ -35,6 +35,11 @@ XNNPACK_OUTSIDE: Outside = {
     "avg_pool1d": {"*": ("aten.squeeze_copy.dims", "aten.unsqueeze_copy.default")},
     "avg_pool2d_pad": {"*": ("aten.avg_pool2d.default",)},
     "baddbmm": {"*": ("aten.alias_copy.default",)},
+    # A buffer's write-back (and for a slice, the scatter into it) stays on the portable kernels.
+    "buffer_index_copy": {"*": ("aten.index_put.default",)},
+    "buffer_index_put": {"*": ("aten.index_put.default",)},
+    "buffer_returned": {"*": ("aten.index_put.default",)},
+    "buffer_slice": {"*": ("aten.copy.default", "aten.slice_scatter.default")},
     "chunk": {"*": ("aten.split_with_sizes_copy.default",)},
     "cumsum": {"*": ("aten.cumsum.default",)},
     "div_floor": {"*": ("aten.div.Tensor_mode",)},
@@ -66,7 +71,8 @@ XNNPACK_OUTSIDE: Outside = {
     "index_select": {"*": ("aten.index_select.default",)},
     "index_select_input": {"*": ("aten.index_select.default",)},
     "index_tensor": {"*": ("aten.index.Tensor",)},
-    "inplace_slice_assign": {"8a8w": ("aten.copy.default", "aten.slice_scatter.default")},
+    "inplace_add_input": {"fp32": ("aten.copy.default",)},
+    "inplace_slice_assign": {"*": ("aten.copy.default", "aten.slice_scatter.default")},
     "instance_norm2d": {"*": ("aten._native_batch_norm_legit.no_stats",)},
     "instance_norm2d_affine": {
         "*": ("aten._native_batch_norm_legit.no_stats", "aten.repeat.default")

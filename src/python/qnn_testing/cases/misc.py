@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as fn
 from torch import nn
@@ -14,7 +16,6 @@ from qnn_testing.cases.base import (
     lin_case,
     mod_case,
     nothing_to_quantize,
-    on_host_at,
     qnn_lowering_fails,
     qnn_nothing_to_quantize,
     randn,
@@ -92,6 +93,38 @@ class _InPlace(nn.Module):
         return y + 1.0
 
 
+class _BufferUpdate(nn.Module):
+    """Writes new rows into a registered buffer in place, the static-KV-cache pattern, and
+    returns the buffer (or a value of it): the runtime must keep the write for the next call."""
+
+    def __init__(self, op: str) -> None:
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+        initial = torch.randn(8, 16, generator=torch.Generator().manual_seed(7))
+        self.register_buffer("cache", initial)
+        self.op = op
+
+    def forward(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        rows: torch.Tensor = self.fc(x)
+        cache = self.get_buffer("cache")
+        if self.op == "index_copy":
+            cache.index_copy_(0, pos, rows)
+        elif self.op == "index_put":
+            cache[pos] = rows
+        elif self.op == "returned":
+            cache.index_copy_(0, pos, rows)
+            return cache
+        else:
+            cache[2:4] = rows
+        return cache * 2.0
+
+
+def _rows_and_positions(g: torch.Generator) -> tuple[torch.Tensor, ...]:
+    """Two rows and two distinct row numbers of the 8-row buffer (duplicates would make the
+    write order matter)."""
+    return torch.randn(2, 16, generator=g), torch.randperm(8, generator=g)[:2]
+
+
 # QNN gives the subgraph that builds a mask from constants (arange, compare) a partition of its own
 # with no inputs, and cannot serialize it: the backend logs "No graph inputs present for graph
 # [0]" (measured: sdpa_causal fp16 and 8a8w, sdpa_additive_mask 8a8w). The match is the compile
@@ -111,6 +144,29 @@ INPLACE_QNN = qnn_lowering_fails(
     "fp16",
     "QNN's graph I/O does not match a program that updates its input in place",
     "QNN graph I/O does not match",
+)
+
+# Measured on V75 and V68: a quantized write into a slice of a buffer leaves QNN a partition
+# with no graph inputs, which it cannot build (fp16, and index_put / index_copy into the
+# same buffer at every precision, lower and match).
+BUFFER_SLICE_QNN = Rule(
+    "qnn-*",
+    "[18]*",  # every quantized recipe: 8a8w, 16a8w, 16a16w, 16a4w, 16a4w_block
+    outcome=Raises(
+        StageError,
+        "QNN partitions a quantized slice write into a buffer with no inputs "
+        "('No graph inputs present')",
+        match=_NO_INPUTS,
+    ),
+)
+
+# Measured on V75 when the deal first gave this case 8a8w: the program returns numbers like the
+# cast's 8-bit codes (187 where 3.02 is expected; SQNR -38 dB), with the add after the cast left
+# outside. 16a16w matches. Not yet reduced further.
+TO_INT_8A8W_QNN = Rule(
+    "qnn-v75",
+    "8a8w",
+    outcome=XFail("QNN 8a8w: a float -> int32 -> float cast returns 8-bit codes, not values"),
 )
 
 # Measured on the V75 emulator: with LPBQ weights the attention output is 1.8 dB vs fake quant
@@ -157,19 +213,6 @@ LSTM_QNN = (
         _NO_INPUTS,
     ),
 )
-# Measured: at fp32, to_executorch fails on a program that writes its input ("a leaf Variable
-# that requires grad is being used in an in-place operation"); the 8a8w program, re-exported
-# after PT2E, serializes and matches. Same on XNNPACK and portable.
-INPLACE_FP32 = on_host_at(
-    "fp32",
-    Raises(
-        StageError,
-        "fp32 serialization of an in-place input update fails in to_executorch",
-        match="leaf Variable that requires grad",
-    ),
-)
-
-
 class _GridSample3d(nn.Module):
     """A 1x1x1 conv (the layer in front), then trilinear / nearest 3-D sampling."""
 
@@ -252,7 +295,7 @@ CASES: tuple[OpCase, ...] = (
         lambda: _InPlace("add_"),
         randn((4, 16), (4, 16)),
         linear=True,
-        rules=(*INPLACE_FP32, INPLACE_QNN),
+        rules=(INPLACE_QNN,),
         note="updates an input in place",
     ),
     mod_case(
@@ -261,12 +304,24 @@ CASES: tuple[OpCase, ...] = (
         lambda: _InPlace("slice"),
         randn((4, 16), (4, 16)),
         linear=True,
-        rules=INPLACE_FP32,
         note="updates an input in place",
+    ),
+    *(
+        mod_case(
+            f"buffer_{op}",
+            F,
+            functools.partial(_BufferUpdate, op),
+            _rows_and_positions,
+            linear=True,
+            rules=(BUFFER_SLICE_QNN,) if op == "slice" else (),
+            note="updates a registered buffer in place (a static KV cache)",
+        )
+        for op in ("index_copy", "index_put", "slice", "returned")
     ),
     lin_case("relu_inplace_intermediate", F, lambda a: torch.relu_(a * 1.0), randn((4, 16))),
     lin_case(
-        "to_int_and_back", F, lambda a: (a * 4).to(torch.int32).to(torch.float32), randn((4, 16))
+        "to_int_and_back", F, lambda a: (a * 4).to(torch.int32).to(torch.float32), randn((4, 16)),
+        rules=(TO_INT_8A8W_QNN,),
     ),
     lin_case(
         "arange_add", F, lambda a: a + torch.arange(16, dtype=torch.float32) / 16, randn((4, 16))
