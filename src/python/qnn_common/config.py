@@ -37,7 +37,7 @@ import re
 import tomllib
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -444,8 +444,8 @@ class PipelineContext:
         recipe: Recipe | str | None = None,
         soc: str | None = None,
         out_dir: Path = Path("out"),
-        skip: frozenset[Stage] = frozenset(),
-        stop_after: Stage | None = None,
+        skip: Iterable[Stage | str] = frozenset(),
+        stop_after: Stage | str | None = None,
         force: bool = False,
         prepare: Mapping[str, Any] | None = None,
         quantize: Mapping[str, Any] | None = None,
@@ -455,28 +455,36 @@ class PipelineContext:
         """Build a context from flat pipeline-wide settings plus per-stage settings.
 
         `recipe=None` means 8a8w, or the backend's float recipe when quantize is skipped. A float
-        recipe (fp32 / fp16) skips quantization by itself. Backend and recipe may be given by name
-        ("qnn", "16a8w"), as users type them.
+        recipe (fp32 / fp16) skips quantization by itself. Backend, recipe and stages (`skip`,
+        `stop_after`) may be given by name ("qnn", "16a8w", "quantize"), as users type them.
         """
+        names = (skip,) if isinstance(skip, str) else skip  # one stage's name, not its letters
+        skipped = frozenset(
+            s if isinstance(s, Stage) else parse_enum(Stage, str(s), "pipeline.skip")
+            for s in names
+        )
+        last = stop_after
+        if last is not None and not isinstance(last, Stage):
+            last = parse_enum(Stage, str(last), "pipeline.stop_after")
         if not isinstance(backend, Backend):
             backend = parse_enum(Backend, str(backend), "pipeline.backend")
         if recipe is not None and not isinstance(recipe, Recipe):
             recipe = parse_enum(Recipe, str(recipe), "pipeline.recipe")
         if recipe is None:
             float_recipe = Recipe.FP16 if backend is Backend.QNN else Recipe.FP32
-            recipe = float_recipe if Stage.QUANTIZE in skip else Recipe.A8W8
-        elif Stage.QUANTIZE in skip and recipe.is_quantized:
+            recipe = float_recipe if Stage.QUANTIZE in skipped else Recipe.A8W8
+        elif Stage.QUANTIZE in skipped and recipe.is_quantized:
             raise ConfigValidationError(
                 "pipeline.recipe",
                 recipe.value,
                 "quantize is skipped, so the model stays float; pick fp32 or fp16",
             )
         if not recipe.is_quantized:
-            skip = skip | {Stage.QUANTIZE}
+            skipped = skipped | {Stage.QUANTIZE}
         soc = None if soc is None else lookup_soc(soc, "pipeline.soc").name
         q = (
             None
-            if Stage.QUANTIZE in skip
+            if Stage.QUANTIZE in skipped
             else _build(QuantizeConfig, "quantize", quantize or {},
                         dict(backend=backend, recipe=recipe, soc=soc))
         )
@@ -490,8 +498,8 @@ class PipelineContext:
                            dict(backend=backend, recipe=recipe, soc=soc)),
             infer=_build(InferConfig, "infer", infer or {}, {}),
             out_dir=out_dir,
-            skip=skip,
-            stop_after=stop_after,
+            skip=skipped,
+            stop_after=last,
             force=force,
         )
 
@@ -612,7 +620,7 @@ def _coerce(tp: Any, value: Any, path: str) -> Any:
         if not isinstance(value, list | tuple):
             raise ConfigValidationError(path, value, "must be a list")
         return tuple(_coerce(inner, v, path) for v in value)
-    if origin is frozenset:
+    if origin in (frozenset, Iterable):  # a set of names (`PipelineContext.create`'s skip)
         (inner,) = typing.get_args(tp)
         if isinstance(value, str):
             value = [v for v in value.split(",") if v]

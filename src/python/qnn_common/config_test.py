@@ -57,6 +57,17 @@ def test_stages_in_pipeline_order() -> None:
 # --- PipelineContext.create -------------------------------------------------------------------
 
 
+def test_create_takes_stages_by_name_as_users_type_them() -> None:
+    ctx = PipelineContext.create("tiny-cnn", skip="Infer", stop_after="compile")
+    assert ctx.skip == frozenset({Stage.INFER}) and ctx.stop_after is Stage.COMPILE
+    ctx = PipelineContext.create("tiny-cnn", skip=["quantize", Stage.INFER])
+    assert ctx.skip == frozenset({Stage.QUANTIZE, Stage.INFER})
+    assert ctx.recipe is Recipe.FP32  # quantize skipped: the float recipe
+    with pytest.raises(ConfigValidationError, match="pipeline.stop_after") as err:
+        PipelineContext.create("tiny-cnn", stop_after="quantise")
+    assert "quantize" in str(err.value)  # the allowed names
+
+
 def test_create_defaults() -> None:
     ctx = PipelineContext.create("minilm")
     assert ctx.prepare == PrepareConfig(model="minilm")

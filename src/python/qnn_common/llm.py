@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
 
 from qnn_common.errors import ConfigValidationError
+from qnn_common.manifest import NOT_IN_CACHE_KEY
 
 # Added to attention scores at masked positions. Not finfo(float32).min: that overflows to -inf in
 # fp16 (NaN after softmax on an all-masked row) and, once a backend quantizes the score add,
@@ -104,7 +105,8 @@ class GenerationConfig:
     top_p: float = 1.0
     seed: int = 0
     chat: bool = False  # wrap the prompt in the tokenizer's chat template
-    stream: bool = False  # print tokens as they come
+    # Print tokens as they come: how the run is shown, so not part of infer's cache key.
+    stream: bool = field(default=False, metadata=NOT_IN_CACHE_KEY)
 
     def __post_init__(self) -> None:
         if not isinstance(self.prompt, str) or not self.prompt:

@@ -29,7 +29,7 @@ import sys
 import time
 import types
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field, is_dataclass, replace
+from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -182,12 +182,31 @@ def cache_key(
     return key
 
 
+# Field metadata of a setting that changes how a run is shown, not what it computes (printing
+# tokens as they come): left out of cache keys, so flipping it reuses the artifact.
+NOT_IN_CACHE_KEY: Mapping[str, bool] = types.MappingProxyType({"cache_key": False})
+
+
+def _identity(value: Any) -> Any:
+    """`to_jsonable(value)` less the dataclass fields marked `NOT_IN_CACHE_KEY`."""
+    if is_dataclass(value) and not isinstance(value, type):
+        return {
+            f.name: _identity(getattr(value, f.name))
+            for f in fields(value) if f.metadata.get("cache_key", True)
+        }
+    if isinstance(value, Mapping):
+        return {str(k): _identity(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_identity(v) for v in value]
+    return to_jsonable(value)
+
+
 def _key_from(
     stage: str, config: Any, input_digests: Mapping[str, str], basis: Mapping[str, Any]
 ) -> str:
     payload = {
         "stage": stage,
-        "config": to_jsonable(config),
+        "config": _identity(config),
         "inputs": dict(sorted(input_digests.items())),
         **basis,
     }

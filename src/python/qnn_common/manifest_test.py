@@ -529,6 +529,18 @@ def test_cache_key_changes_with_each_input() -> None:
     assert len({base, *variants}) == len(variants) + 1
 
 
+def test_streaming_tokens_is_not_part_of_the_infer_key_and_the_prompt_is() -> None:
+    from qnn_common.config import InferConfig
+    from qnn_common.llm import GenerationConfig
+
+    def key(**generation: Any) -> str:
+        config = InferConfig(generation=GenerationConfig(**generation))
+        return cache_key("infer", config, _INPUTS, "0.1.0")
+
+    assert key(stream=True) == key(stream=False)
+    assert key(prompt="Hello") != key(prompt="Once upon a time")
+
+
 def test_cache_key_changes_with_tool_versions(monkeypatch: pytest.MonkeyPatch) -> None:
     base = cache_key("compile", _CONFIG, _INPUTS, "0.1.0")
     real = tool_versions()
