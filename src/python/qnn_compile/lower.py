@@ -25,6 +25,7 @@ import torch.fx
 from qnn_common.config import Stage
 from qnn_common.errors import StageError
 from qnn_common.manifest import atomic_path
+from qnn_common.program_state import buffers
 from qnn_common.recipes import Backend
 from qnn_compile.backends import BackendLowering
 from qnn_compile.cia_ops import materializing_once
@@ -225,14 +226,10 @@ def _keep_initial_buffer_values(ep: torch.export.ExportedProgram) -> None:
     """
     signature = ep.graph_signature
     mutated = set(signature.buffers_to_mutate.values())
+    values = buffers(ep)
     for node in ep.graph.nodes:
-        if node.op != "placeholder":
-            continue
-        fqn = signature.inputs_to_buffers.get(node.name)
-        if fqn is None or fqn not in mutated:
-            continue
-        value = ep.state_dict.get(fqn, ep.constants.get(fqn))
-        if isinstance(value, torch.Tensor) and bool(value.any()):
+        fqn = signature.inputs_to_buffers.get(node.name) if node.op == "placeholder" else None
+        if fqn in mutated and fqn in values and bool(values[fqn].any()):
             node.meta["et_init_buffer"] = True
 
 
