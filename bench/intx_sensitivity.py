@@ -49,6 +49,8 @@ class Variant:
     # group applied to the group's input sum; `offset_act` fakes the main GEMM's int8 input.
     offset: bool = False
     offset_act: bool = False
+    # A config for the linears `keep_float` names, instead of leaving them float.
+    head: Callable[[], Any] | None = None
 
 
 def _dyn(algorithm: str = "hqq_scale_only", mapping: str = "SYMMETRIC") -> Any:
@@ -60,6 +62,16 @@ def _dyn(algorithm: str = "hqq_scale_only", mapping: str = "SYMMETRIC") -> Any:
         weight_granularity=PerGroup(GROUP),
         weight_mapping_type=getattr(MappingType, mapping),
         intx_choose_qparams_algorithm=algorithm,
+    )
+
+
+def _dyn8() -> Any:
+    """8da8w: int8 per-token activations, int8 weights with one scale per output channel."""
+    from torchao.quantization import Int8DynamicActivationIntxWeightConfig
+    from torchao.quantization.granularity import PerAxis
+
+    return Int8DynamicActivationIntxWeightConfig(
+        weight_dtype=torch.int8, weight_granularity=PerAxis(0)
     )
 
 
@@ -97,6 +109,10 @@ VARIANTS: dict[str, Variant] = {
     "8da4w-sym+offset-head-8da4w": Variant(
         _dyn, keep_float=("lm_head",), offset=True, offset_act=True
     ),
+    "8da4w-sym+offset-head-8da8w": Variant(
+        _dyn8, keep_float=("lm_head",), offset=True, offset_act=True
+    ),
+    "8da4w-head-8da8w": Variant(_dyn, keep_float=("lm_head",), head=_dyn8),
 }
 
 
@@ -189,6 +205,9 @@ def apply(model: nn.Module, variant: Variant) -> int:
     assert variant.config is not None
     with torch.no_grad():
         quantize_(model, variant.config(), filter_fn=lambda _m, fqn: fqn in chosen)
+        if variant.head is not None:
+            quantize_(model, variant.head(), filter_fn=lambda m, fqn: (
+                isinstance(m, nn.Linear) and fqn not in chosen))
     return len(chosen)
 
 

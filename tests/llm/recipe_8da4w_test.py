@@ -1,9 +1,10 @@
 """The 8da4w recipe for real: torchao's Int8DynamicActivationIntxWeightConfig on a trained tiny
 decoder, lowered to XNNPACK (and portable), executed by the ExecuTorch runtime.
 
-Structure is read from the .pte itself (`qnn_testing.xnnpack_graph`): every linear of both
-methods is one XNNPACK fully connected node with int8 activations quantized per token and
-blockwise 4-bit weights. Numbers are the pipeline's own: teacher-forced logits of the program
+Structure is read from the .pte itself (`qnn_testing.xnnpack_graph`): every decoder linear of
+both methods is one XNNPACK fully connected node with int8 activations quantized per token and
+blockwise 4-bit weights, beside the two float linears of its groups' offsets (asymmetric
+groups, the default); the output head has int8 weights per channel. Numbers are the pipeline's own: teacher-forced logits of the program
 against the eager fp32 HF model and the eager fake-quant (torchao) program.
 """
 
@@ -20,13 +21,19 @@ import torch
 from qnn_common.config import PipelineContext, Stage
 from qnn_common.manifest import load_manifest
 from qnn_pipeline.orchestrator import run_pipeline
-from qnn_testing.xnnpack_graph import DYNAMIC_INT8_X_BLOCKWISE_INT4, node_census
+from qnn_testing.xnnpack_graph import (
+    DYNAMIC_INT8_X_BLOCKWISE_INT4,
+    DYNAMIC_INT8_X_CHANNEL_INT8,
+    FLOAT_FC,
+    node_census,
+)
 
 PROMPT = "Once upon a time"
 SHAPES = {"max_seq_len": 48, "prefill_len": 8}
-# tiny-llama: 2 decoder layers x (q, k, v, o, gate, up, down) + the LM head, all with an input
-# size (64 or 128) that groups of 32 tile.
-LINEARS_PER_METHOD = 2 * 7 + 1
+# tiny-llama: 2 decoder layers x (q, k, v, o, gate, up, down), all with an input size (64 or
+# 128) that groups of 32 tile, + the LM head (int8 weights).
+DECODER_LINEARS = 2 * 7
+LINEARS_PER_METHOD = DECODER_LINEARS + 1
 
 
 class _Lines(logging.Handler):
@@ -63,7 +70,7 @@ def xnnpack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dict[str
         logger.setLevel(level)
 
 
-def test_xnnpack_delegate_holds_every_linear_as_int8_dynamic_x_int4(
+def test_xnnpack_delegate_holds_every_linear_as_int8_dynamic_x_int4_or_int8(
     xnnpack: tuple[dict[str, Any], list[str]],
 ) -> None:
     summary, _ = xnnpack
@@ -71,11 +78,14 @@ def test_xnnpack_delegate_holds_every_linear_as_int8_dynamic_x_int4(
     census = node_census(pte)
     assert set(census) == {"prefill", "decode"}
     for method, nodes in census.items():
-        assert nodes[DYNAMIC_INT8_X_BLOCKWISE_INT4] == LINEARS_PER_METHOD, (method, nodes)
-        # No linear left at another precision inside the delegate (fp32 or static int8).
-        others = {k: v for k, v in nodes.items()
-                  if k.startswith("XNNFullyConnected") and k != DYNAMIC_INT8_X_BLOCKWISE_INT4}
-        assert not others, (method, others)
+        fully_connected = {k: v for k, v in nodes.items() if k.startswith("XNNFullyConnected")}
+        # Nothing else inside the delegate: no static int8 linear, no float one but the offsets'
+        # group sums and constants (two per 4-bit linear).
+        assert fully_connected == {
+            DYNAMIC_INT8_X_BLOCKWISE_INT4: DECODER_LINEARS,
+            DYNAMIC_INT8_X_CHANNEL_INT8: 1,
+            FLOAT_FC: 2 * DECODER_LINEARS,
+        }, (method, nodes)
     compiled = load_manifest(_artifact(summary, Stage.COMPILE), expect_stage=Stage.COMPILE)
     # Nothing of the quantization runs outside the delegate: no quantize op, no float linear.
     outside = compiled.metrics["non_delegated_op_counts"]
@@ -83,6 +93,8 @@ def test_xnnpack_delegate_holds_every_linear_as_int8_dynamic_x_int4(
     quantized = load_manifest(_artifact(summary, Stage.QUANTIZE), expect_stage=Stage.QUANTIZE)
     record = quantized.metrics["8da4w"]
     assert record["group_size"] == 32 and record["linears_kept_float"] == {}
+    assert record["group_mapping"] == "asymmetric" and record["offset_parameters"] > 0
+    assert [path.rpartition(".")[2] for path in record["linears_int8_weights"]] == ["lm_head"]
     assert record["linears_quantized"] == 2 * LINEARS_PER_METHOD
     assert quantized.metrics["quantized_op_kinds"] == {"linear": 2 * LINEARS_PER_METHOD}
     assert quantized.metrics["dynamic_ops"] == 2 * LINEARS_PER_METHOD
@@ -140,9 +152,12 @@ def test_portable_8da4w_computes_what_fake_quant_computes(tmp_path: Path) -> Non
     assert quantized.metrics["8da4w"]["linears_quantized"] == LINEARS_PER_METHOD
     program = torch.export.load(_artifact(summary, Stage.QUANTIZE) / "program.pt2")
     # Each quantized weight is stored as its 4-bit values held in int8 (torchao's qdata, the
-    # parametrization's first tensor), then its group scales and zero points.
-    values = [t for name, t in program.state_dict.items()
-              if name.endswith("parametrizations.weight.original0")]
+    # parametrization's first tensor), then its group scales and zero points; the head's
+    # values are int8.
+    values = {name: t for name, t in program.state_dict.items()
+              if name.endswith("parametrizations.weight.original0")}
     assert len(values) == LINEARS_PER_METHOD
+    four_bit = [t for name, t in values.items() if "lm_head" not in name]
+    assert len(four_bit) == DECODER_LINEARS
     assert all(t.dtype == torch.int8 and int(t.min()) >= -8 and int(t.max()) <= 7
-               for t in values)
+               for t in four_bit)

@@ -22,7 +22,11 @@ from qnn_pipeline.orchestrator import run_pipeline
 from qnn_prepare.api import run_prepare
 from qnn_prepare.models import BUILTIN_MODELS
 from qnn_prepare.smollm2 import SMOLLM2, gguf_path, save_smollm2
-from qnn_testing.xnnpack_graph import DYNAMIC_INT8_X_BLOCKWISE_INT4, node_census
+from qnn_testing.xnnpack_graph import (
+    DYNAMIC_INT8_X_BLOCKWISE_INT4,
+    DYNAMIC_INT8_X_CHANNEL_INT8,
+    node_census,
+)
 
 LAYERS = 2
 HIDDEN, INTERMEDIATE, HEADS, KV_HEADS, VOCAB = 576, 1536, 9, 3, 49_152
@@ -97,8 +101,9 @@ def test_tokenizer_and_chat_template_work_through_the_artifact(
 
 
 def test_slice_through_xnnpack_8da4w(sliced: Path, tmp_path: Path) -> None:
-    """The real weights through the 8da4w recipe: every linear of the slice (7 per layer and
-    the 49,152 x 576 LM head) is a qd8 x qb4w XNNPACK node, and the program tracks eager."""
+    """The real weights through the 8da4w recipe: every decoder linear of the slice (7 per
+    layer) is a qd8 x qb4w XNNPACK node, the 49,152 x 576 LM head a qd8 x qc8w one, and the
+    program tracks eager."""
     ctx = PipelineContext.create(
         str(sliced), backend="xnnpack", recipe="8da4w", out_dir=tmp_path,
         prepare={"kv_cache": True, "calibration_samples": 1, "eval_samples": 2,
@@ -108,8 +113,8 @@ def test_slice_through_xnnpack_8da4w(sliced: Path, tmp_path: Path) -> None:
     summary = run_pipeline(ctx).summary
     (compiled,) = (Path(s["artifact"]) for s in summary["stages"] if s["name"] == "compile")
     census = node_census((compiled / "model.pte").read_bytes())
-    assert {m: c[DYNAMIC_INT8_X_BLOCKWISE_INT4] for m, c in census.items()} == {
-        "prefill": 7 * LAYERS + 1, "decode": 7 * LAYERS + 1}
+    assert {m: (c[DYNAMIC_INT8_X_BLOCKWISE_INT4], c[DYNAMIC_INT8_X_CHANNEL_INT8])
+            for m, c in census.items()} == {"prefill": (7 * LAYERS, 1), "decode": (7 * LAYERS, 1)}
     accuracy = summary["accuracy"]
     # The program computes what the fake-quant (torchao) model computes: the real check.
     assert float(accuracy["sqnr_db_vs_fake_quant"]) >= 25

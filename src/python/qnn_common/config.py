@@ -46,8 +46,10 @@ from qnn_common.errors import ConfigValidationError
 from qnn_common.gates import AccuracyGates, check_gate, default_accuracy_gates
 from qnn_common.llm import GenerationConfig
 from qnn_common.recipes import (
+    DEFAULT_GROUP_MAPPING,
     DEFAULT_GROUP_SIZE,
     Backend,
+    GroupMapping,
     Recipe,
     WeightRounding,
     check_dynamic_layers,
@@ -198,6 +200,11 @@ class QuantizeConfig:
     block_size: int = DEFAULT_LPBQ_BLOCK
     # 8da4w only: input channels per 4-bit weight scale (qnn_common.recipes.DEFAULT_GROUP_SIZE).
     group_size: int = DEFAULT_GROUP_SIZE
+    # 8da4w only: how a 4-bit group's levels map to values (qnn_common.recipes.GroupMapping).
+    group_mapping: GroupMapping = DEFAULT_GROUP_MAPPING
+    # 8da4w only: regexes over module paths of linear layers given int8 weights (one scale per
+    # output channel). None: the default (a causal LM's output head, recipes.DEFAULT_INT8_WEIGHTS).
+    int8_weights: tuple[str, ...] | None = None
     report_layers: int = 10
     # Regexes over nn.Module paths of layers to leave in float. None: the default
     # (qnn_quant.layers: BERT-style outlier layers at 8-bit activations); () quantizes everything.
@@ -215,7 +222,10 @@ class QuantizeConfig:
         ):
             object.__setattr__(self, "weight_rounding", parse_enum(
                 WeightRounding, str(self.weight_rounding), "quantize.weight_rounding"))
-        for name in ("keep_float", "dynamic_layers"):
+        if not isinstance(self.group_mapping, GroupMapping):
+            object.__setattr__(self, "group_mapping", parse_enum(
+                GroupMapping, str(self.group_mapping), "quantize.group_mapping"))
+        for name in ("keep_float", "dynamic_layers", "int8_weights"):
             object.__setattr__(self, name, regex_list(f"quantize.{name}", getattr(self, name)))
         if self.dynamic_layers is not None:
             check_dynamic_layers(self.backend, self.dynamic_layers, "quantize.dynamic_layers")
@@ -243,6 +253,14 @@ class QuantizeConfig:
                 "only the 16a4w_block (LPBQ) recipe quantizes weights in blocks",
             )
         check_group_size(self.backend, self.recipe, self.group_size, "quantize.group_size")
+        if not self.recipe.is_dynamic:
+            for name, unset in (("group_mapping", DEFAULT_GROUP_MAPPING), ("int8_weights", None)):
+                if getattr(self, name) != unset:
+                    raise ConfigValidationError(
+                        f"quantize.{name}", getattr(self, name),
+                        f"only 8da4w has 4-bit weight groups and int8 layers among them; "
+                        f"{self.recipe.value} does not: drop {name} or use --recipe 8da4w",
+                    )
         if self.recipe.is_dynamic and not self.per_channel:
             raise ConfigValidationError(
                 "quantize.per_channel", False,

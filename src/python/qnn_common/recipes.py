@@ -174,6 +174,27 @@ DEFAULT_GROUP_SIZE = 32
 # XNNPACK's blockwise 4-bit GEMMs take blocks that are a multiple of 32 channels.
 GROUP_SIZE_MULTIPLE = 32
 
+
+class GroupMapping(enum.StrEnum):
+    """8da4w: how a 4-bit weight group's 16 levels map to values (`qnn_quant.intx`)."""
+
+    # levels from the group's minimum to its maximum: `scale * q + minimum`, the form of GGUF's
+    # Q4_1 and of GPTQ / AWQ checkpoints. XNNPACK's 4-bit kernels hold no offset, so it runs as a
+    # symmetric int4 weight plus the group's float offset times the sum of the group's inputs.
+    ASYMMETRIC = "asymmetric"
+    # levels symmetric around 0: `scale * q`, q in -8..7, scales fitted by HQQ; what ExecuTorch's
+    # LLM export and optimum-executorch do. One GEMM, no offset, one 4-bit rounding more on
+    # weights that were not centred on 0.
+    SYMMETRIC = "symmetric"
+
+
+DEFAULT_GROUP_MAPPING = GroupMapping.ASYMMETRIC
+# 8da4w: linears whose weights get int8 (one scale per output channel) instead of 4-bit groups.
+# A causal LM's output head reads the residual stream's every feature into 49k-256k logits, and
+# is the one linear whose 4-bit rounding moves the next-token choice most (measured per layer
+# in bench/intx_sensitivity.py); int8 there costs a few MB against a 4-bit head.
+DEFAULT_INT8_WEIGHTS: tuple[str, ...] = (r"(^|\.)lm_head$",)
+
 # HTP arch floors, from the ExecuTorch Qualcomm backend's documentation.
 _QNN_ARCH_RULES: dict[Recipe, _Rule] = {
     Recipe.A16W4_BLOCK: _Rule(HtpArch.V69, "LPBQ (16a4w_block) needs HTP >= V69"),

@@ -91,6 +91,8 @@ def run_quantize(inp: QuantizeInput) -> QuantizeOutput:
         weight_rounding=cfg.rounding,
         dynamic_layers=cfg.dynamic_layers,
         group_size=cfg.group_size,
+        group_mapping=cfg.group_mapping,
+        int8_weights=cfg.int8_weights,
     )
     timings["quantize_s"] = time.perf_counter() - t
     log.info("quantized to %s for %s in %.1f s", cfg.recipe, cfg.target, timings["quantize_s"])
@@ -168,7 +170,8 @@ def _run_quantize_causal_lm(inp: QuantizeInput, src: Manifest, spec: LlmSpec) ->
         programs, target=cfg.target, recipe=cfg.recipe, spec=spec, calibration=calibration,
         per_channel=cfg.per_channel, block_size=cfg.block_size, keep_float=cfg.keep_float,
         rope=rope, weight_rounding=cfg.rounding, dynamic_layers=cfg.dynamic_layers,
-        group_size=cfg.group_size,
+        group_size=cfg.group_size, group_mapping=cfg.group_mapping,
+        int8_weights=cfg.int8_weights,
     )
     timings["quantize_s"] = time.perf_counter() - t
     log.info("quantized %s to %s for %s in %.1f s", ", ".join(quantized), cfg.recipe,

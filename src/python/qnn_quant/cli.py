@@ -17,7 +17,16 @@ from qnn_common.cli_support import (
     setup_logging,
 )
 from qnn_common.config import DEFAULT_LPBQ_BLOCK, QuantizeConfig
-from qnn_common.recipes import DEFAULT_GROUP_SIZE, Backend, Recipe, WeightRounding, parse_enum
+from qnn_common.recipes import (
+    DEFAULT_GROUP_MAPPING,
+    DEFAULT_GROUP_SIZE,
+    DEFAULT_INT8_WEIGHTS,
+    Backend,
+    GroupMapping,
+    Recipe,
+    WeightRounding,
+    parse_enum,
+)
 from qnn_common.stages import QuantizeInput
 
 
@@ -55,6 +64,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--group-size", type=int, default=DEFAULT_GROUP_SIZE,
                    help="8da4w: input channels per 4-bit weight scale; a multiple of 32 on "
                    "xnnpack (default: %(default)s, as ExecuTorch's LLM export)")
+    p.add_argument("--group-mapping", choices=[m.value for m in GroupMapping],
+                   default=DEFAULT_GROUP_MAPPING.value,
+                   help="8da4w: a 4-bit group's levels from its minimum to its maximum "
+                   "(asymmetric: GGUF Q4_1's and GPTQ checkpoints' form, run as a symmetric "
+                   "GEMM plus a float offset per group) or symmetric around 0 (upstream's "
+                   "HQQ scales, one GEMM). Default: %(default)s")
+    p.add_argument("--int8-weights", action="append", metavar="REGEX",
+                   help="8da4w: give linear layers whose module path matches int8 weights, one "
+                   "scale per output channel (repeatable). Default: a causal LM's output head "
+                   f"({', '.join(DEFAULT_INT8_WEIGHTS)}); --int8-weights '' for none")
     p.add_argument("--weight-rounding", choices=[r.value for r in WeightRounding],
                    help="how weights are rounded onto their grid: nearest, or gptq (error "
                    "feedback from calibration inputs, linear layers). Default: gptq for 4-bit "
@@ -77,6 +96,10 @@ def _main(argv: Sequence[str] | None) -> int:
         per_channel=not args.per_tensor,
         block_size=args.block_size,
         group_size=args.group_size,
+        group_mapping=parse_enum(GroupMapping, args.group_mapping, "--group-mapping"),
+        int8_weights=None if args.int8_weights is None else tuple(
+            p for p in args.int8_weights if p
+        ),
         report_layers=args.report_layers,
         weight_rounding=None if args.weight_rounding is None else WeightRounding(
             args.weight_rounding),

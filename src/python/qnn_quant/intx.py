@@ -18,7 +18,19 @@ and the graph then calls `F.linear` with the quantized weight (the subclass impl
 it runs eagerly (the fake-quant reference: torchao's ops compute per token, as XNNPACK's kernels
 do), saves with torch.export.save, and lowers like any other.
 
-Weights are chosen with upstream's default `intx_choose_qparams_algorithm` for this recipe
+Each 4-bit group maps its 16 levels one of two ways (`qnn_common.recipes.GroupMapping`).
+Asymmetric (the default): from the group's minimum to its maximum, `scale * q + minimum`, the
+form of GGUF's Q4_1 and of GPTQ / AWQ checkpoints. XNNPACK's qb4w weights carry no zero point
+(ExecuTorch serializes them as symmetric nibbles and per-group scales), so the group is split
+exactly into a symmetric int4 weight `scale * (q - 8)`, which stays one qd8 x qb4w GEMM, and a
+float constant per group, `minimum + 8 * scale`, that multiplies the sum of the group's inputs:
+two small float linears beside the GEMM (the group sums, then the constants; 1/group_size of
+the weight's size). On SmolLM2-135M, whose weights sit on a Q4_1 grid, that split is lossless
+where a symmetric group adds a second 4-bit rounding to every weight (numbers in the README).
+Symmetric: upstream's scheme, described next. The linears `int8_weights` names (by default a
+causal LM's output head) get int8 weights with one scale per output channel instead (qd8 x qc8w).
+
+Symmetric weights are chosen with upstream's default `intx_choose_qparams_algorithm` for this recipe
 (`hqq_scale_only`: HQQ fits each group's scale to the weights, the values then rounded to
 nearest on it; ExecuTorch's LLM export uses it, `export_llama` too unless told otherwise).
 The same float weight always gives the same quantized bytes, so a causal LM's prefill and
@@ -42,7 +54,15 @@ from torch.export import ExportedProgram
 
 from qnn_common.config import regex_list
 from qnn_common.errors import ConfigValidationError
-from qnn_common.recipes import DEFAULT_GROUP_SIZE, Recipe, check_group_size, check_recipe
+from qnn_common.recipes import (
+    DEFAULT_GROUP_MAPPING,
+    DEFAULT_GROUP_SIZE,
+    DEFAULT_INT8_WEIGHTS,
+    GroupMapping,
+    Recipe,
+    check_group_size,
+    check_recipe,
+)
 from qnn_common.target import Target
 from qnn_quant.layers import module_path
 from qnn_quant.quantized_ops import NothingQuantizedError
@@ -58,21 +78,31 @@ INT4: torch.dtype = torch.int4  # type: ignore[attr-defined]
 
 @dataclass
 class IntxResult:
-    """What the 8da4w transform did: linears quantized, those left float and why, seconds."""
+    """What the 8da4w transform did: linears quantized (int8 ones among them), those left float
+    and why, the float offset parameters the asymmetric groups added, seconds."""
 
     group_size: int
+    mapping: GroupMapping = DEFAULT_GROUP_MAPPING
     quantized: int = 0
+    int8_weights: dict[str, str] = field(default_factory=dict)  # module path -> pattern
     kept_float: dict[str, str] = field(default_factory=dict)  # module path -> why
+    offset_parameters: int = 0
     seconds: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
         return {
             "group_size": self.group_size,
             "weight_bits": 4,
+            "group_mapping": self.mapping.value,
             "activations": "int8, asymmetric, one scale per token, chosen at run time",
-            "choose_qparams_algorithm": CHOOSE_QPARAMS_ALGORITHM,
+            "choose_qparams_algorithm": (
+                CHOOSE_QPARAMS_ALGORITHM if self.mapping is GroupMapping.SYMMETRIC
+                else "min/max per group"
+            ),
             "linears_quantized": self.quantized,
+            "linears_int8_weights": dict(sorted(self.int8_weights.items())),
             "linears_kept_float": dict(sorted(self.kept_float.items())),
+            "offset_parameters": self.offset_parameters,
             "seconds": round(self.seconds, 3),
         }
 
@@ -86,6 +116,88 @@ def _config(group_size: int) -> Any:
         weight_granularity=PerGroup(group_size),
         intx_choose_qparams_algorithm=CHOOSE_QPARAMS_ALGORITHM,
     )
+
+
+def _int8_config() -> Any:
+    from torchao.quantization import Int8DynamicActivationIntxWeightConfig
+    from torchao.quantization.granularity import PerAxis
+
+    return Int8DynamicActivationIntxWeightConfig(
+        weight_dtype=torch.int8, weight_granularity=PerAxis(0)
+    )
+
+
+def split_asymmetric(
+    weight: torch.Tensor, group_size: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Min/max 4-bit groups of `weight` (out, in) as (q, scale, offset): int8 `q` in -8..7 of
+    shape (out, in), `scale` and `offset` of shape (out, in / group_size), such that each
+    weight is ``scale * q + offset`` of its group (exactly, for weights already on such a grid).
+    """
+    out_f, in_f = weight.shape
+    groups = weight.detach().float().reshape(out_f, in_f // group_size, group_size)
+    low, high = groups.amin(-1, keepdim=True), groups.amax(-1, keepdim=True)
+    # A constant group has no range: any positive scale represents it (q = -8, offset = value).
+    scale = ((high - low) / 15).clamp(min=torch.finfo(torch.float32).eps)
+    levels = torch.round((groups - low) / scale).clamp(0, 15)
+    q = (levels - 8).to(torch.int8).reshape(out_f, in_f)
+    return q, scale.squeeze(-1), (low + 8 * scale).squeeze(-1)
+
+
+def _symmetric_int4(q: torch.Tensor, scale: torch.Tensor, group_size: int) -> nn.Parameter:
+    """The torchao 8da4w weight holding exactly `q` and `scale` (no zero point)."""
+    from torchao.quantization import IntxUnpackedToInt8Tensor
+
+    tensor = IntxUnpackedToInt8Tensor(
+        q, scale, torch.zeros_like(scale, dtype=torch.int8), INT4, (1, group_size),
+        torch.float32, "int8_asym_per_token",
+    )
+    return nn.Parameter(tensor, requires_grad=False)
+
+
+def _torchao_weight(weight: torch.Tensor, config: Any) -> nn.Parameter:
+    from torchao.quantization import quantize_
+
+    holder = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device="meta")
+    holder.weight = nn.Parameter(weight.detach(), requires_grad=False)
+    with torch.no_grad():
+        quantize_(holder, config)
+    return holder.weight
+
+
+def _add_param(gm: torch.fx.GraphModule, wanted: str, value: torch.Tensor) -> str:
+    """Register `value` as a frozen parameter under a free name near `wanted`; its name."""
+    name = _free_name(gm, wanted)
+    *parents, leaf = name.split(".")
+    owner: nn.Module = gm
+    for part in parents:
+        child = getattr(owner, part, None)
+        if not isinstance(child, nn.Module):
+            child = nn.Module()
+            owner.add_module(part, child)
+        owner = child
+    owner.register_parameter(leaf, nn.Parameter(value, requires_grad=False))
+    return name
+
+
+def _add_group_offset(
+    gm: torch.fx.GraphModule, node: torch.fx.Node, offset: torch.Tensor, group_sum: str,
+    path: str,
+) -> None:
+    """After linear `node`: + linear(linear(x, group_sum), offset), the asymmetric groups'
+    constants times their inputs' sums; `node`'s users read the sum."""
+    graph = gm.graph
+    name = _add_param(gm, f"{path}.group_offset", offset)
+    with graph.inserting_before(node):
+        ones = graph.get_attr(group_sum)
+        constants = graph.get_attr(name)
+    with graph.inserting_after(node):
+        sums = graph.call_function(torch.ops.aten.linear.default, (node.args[0], ones))
+    with graph.inserting_after(sums):
+        shift = graph.call_function(torch.ops.aten.linear.default, (sums, constants))
+    with graph.inserting_after(shift):
+        total = graph.call_function(torch.ops.aten.add.Tensor, (node, shift))
+    node.replace_all_uses_with(total, delete_user_cb=lambda user: user is not total)
 
 
 def _linear_weight(gm: torch.fx.GraphModule, node: torch.fx.Node) -> torch.fx.Node | None:
@@ -140,20 +252,25 @@ def _free_name(gm: torch.fx.GraphModule, wanted: str) -> str:
 
 
 def quantize_graph_8da4w(
-    gm: torch.fx.GraphModule, *, group_size: int, keep_float: Sequence[str] = ()
+    gm: torch.fx.GraphModule,
+    *,
+    group_size: int,
+    keep_float: Sequence[str] = (),
+    mapping: GroupMapping = DEFAULT_GROUP_MAPPING,
+    int8_weights: Sequence[str] = DEFAULT_INT8_WEIGHTS,
 ) -> IntxResult:
     """Quantize every eligible ``aten.linear`` of `gm` to 8da4w in place (module docstring).
 
     A linear stays float when its module path matches a `keep_float` regex or its input size is
-    not a multiple of `group_size` (the groups must tile each weight row). A weight that other
+    not a multiple of `group_size` (the groups must tile each weight row); one whose path
+    matches an `int8_weights` regex gets int8 weights per output channel. A weight that other
     nodes read as well (a tied embedding) keeps its float copy for them; the linear gets the
     quantized one under its own module path.
     """
-    from torchao.quantization import quantize_
-
-    config = _config(group_size)
     patterns = [re.compile(p) for p in keep_float]
-    result = IntxResult(group_size)
+    int8_patterns = [re.compile(p) for p in int8_weights]
+    result = IntxResult(group_size, mapping)
+    group_sums: dict[int, str] = {}  # input size -> the (groups, input size) 0/1 parameter
     t = time.perf_counter()
     for node in list(gm.graph.nodes):
         weight_node = _linear_weight(gm, node)
@@ -164,15 +281,21 @@ def quantize_graph_8da4w(
         if any(p.search(path) for p in patterns):
             result.kept_float[path] = "keep_float"
             continue
-        if weight.dim() != 2 or weight.shape[1] % group_size:
+        offset = None
+        int8_match = next((p.pattern for p in int8_patterns if p.search(path)), None)
+        if weight.dim() == 2 and int8_match is not None:
+            result.int8_weights[path] = int8_match
+            quantized = _torchao_weight(weight, _int8_config())
+        elif weight.dim() != 2 or weight.shape[1] % group_size:
             result.kept_float[path] = (
                 f"input size {weight.shape[-1]} is not a multiple of group_size {group_size}"
             )
             continue
-        holder = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device="meta")
-        holder.weight = nn.Parameter(weight.detach(), requires_grad=False)
-        with torch.no_grad():
-            quantize_(holder, config)
+        elif mapping is GroupMapping.ASYMMETRIC:
+            q, scale, offset = split_asymmetric(weight, group_size)
+            quantized = _symmetric_int4(q, scale, group_size)
+        else:
+            quantized = _torchao_weight(weight, _config(group_size))
         shared = any(
             u is not node for u in weight_node.users
         ) or any(
@@ -181,7 +304,7 @@ def quantize_graph_8da4w(
         )
         if shared:
             name = _free_name(gm, f"{path}.weight" if module_path(node) else f"{node.name}_weight")
-            _set_weight(gm, name, holder.weight)  # before the get_attr that names it
+            _set_weight(gm, name, quantized)  # before the get_attr that names it
             # fx looks for a parameter, buffer or module of that name and warns that none
             # exists: the weight is the parametrization's property, which does resolve.
             with gm.graph.inserting_before(node), warnings.catch_warnings():
@@ -189,11 +312,19 @@ def quantize_graph_8da4w(
                 new_weight = gm.graph.get_attr(name)
             node.replace_input_with(weight_node, new_weight)
         else:
-            _set_weight(gm, str(weight_node.target), holder.weight)
+            _set_weight(gm, str(weight_node.target), quantized)
         # The quantized weight implements F.linear (torch function level): the call must reach
         # it as F.linear, or it is dispatched as aten.t + mm, which the subclass refuses.
         node.target = torch.nn.functional.linear
         result.quantized += 1
+        if offset is not None:
+            in_f = weight.shape[1]
+            if in_f not in group_sums:
+                groups = torch.arange(in_f // group_size)[:, None]
+                ones = (torch.arange(in_f)[None, :] // group_size == groups).float()
+                group_sums[in_f] = _add_param(gm, f"intx_group_sum_{in_f}", ones)
+            _add_group_offset(gm, node, offset, group_sums[in_f], path)
+            result.offset_parameters += offset.numel()
     # No float weight is left unread: a weight only the linear read is replaced under its own
     # name, a shared one is still read by its other users. (pt2e.drop_unused_tensors would
     # also drop the parametrizations' plain tensors, which no get_attr names.)
@@ -228,8 +359,9 @@ def _log_result(what: str, result: IntxResult, calibration_samples: int) -> None
         what, unused,
     )
     log.info(
-        "%s: 8da4w quantized %d linear(s) to 4-bit weights in groups of %d in %.1f s; %d kept "
-        "float%s", what, result.quantized, result.group_size, result.seconds,
+        "%s: 8da4w quantized %d linear(s) in %.1f s: 4-bit weights in %s groups of %d, int8 "
+        "weights for %d; %d kept float%s", what, result.quantized, result.seconds,
+        result.mapping.value, result.group_size, len(result.int8_weights),
         len(result.kept_float),
         "".join(f"\n  {path}: {why}" for path, why in sorted(result.kept_float.items())),
     )
@@ -241,20 +373,28 @@ def quantize_program_8da4w(
     target: Target,
     group_size: int = DEFAULT_GROUP_SIZE,
     keep_float: Sequence[str] | None = None,
+    mapping: GroupMapping = DEFAULT_GROUP_MAPPING,
+    int8_weights: Sequence[str] | None = None,
     calibration_samples: int = 0,
     method: str = "forward",
 ) -> tuple[ExportedProgram, IntxResult]:
     """`ep` with its linears quantized to 8da4w, exported again; and what was done.
 
     `keep_float`: regexes over module paths of linears to leave float (None: none).
-    `calibration_samples` only feeds the log line that says they are not used. Raises
-    NothingQuantizedError when no linear could be quantized.
+    `int8_weights`: regexes over module paths of linears given int8 weights (None: the default,
+    a causal LM's output head). `calibration_samples` only feeds the log line that says they
+    are not used. Raises NothingQuantizedError when no linear could be quantized.
     """
     check_recipe(target.backend, Recipe.A8DW4, target.soc, "quantize.recipe")
     check_group_size(target.backend, Recipe.A8DW4, group_size, "quantize.group_size")
     gm = ep.module()
     patterns = regex_list("quantize.keep_float", list(keep_float or ())) or ()
-    result = quantize_graph_8da4w(gm, group_size=group_size, keep_float=patterns)
+    int8 = DEFAULT_INT8_WEIGHTS if int8_weights is None else (
+        regex_list("quantize.int8_weights", list(int8_weights)) or ()
+    )
+    result = quantize_graph_8da4w(
+        gm, group_size=group_size, keep_float=patterns, mapping=mapping, int8_weights=int8
+    )
     _log_result(method, result, calibration_samples)
     if result.quantized == 0:
         raise NothingQuantizedError(target, Recipe.A8DW4, gm, len(result.kept_float))
@@ -267,6 +407,8 @@ def quantize_methods_8da4w(
     target: Target,
     group_size: int = DEFAULT_GROUP_SIZE,
     keep_float: Sequence[str] | None = None,
+    mapping: GroupMapping = DEFAULT_GROUP_MAPPING,
+    int8_weights: Sequence[str] | None = None,
     calibration_samples: int = 0,
 ) -> tuple[dict[str, ExportedProgram], IntxResult]:
     """Every method of a program (a causal LM's prefill and decode) quantized to 8da4w: each
@@ -275,13 +417,15 @@ def quantize_methods_8da4w(
     results: list[IntxResult] = []
     for method, ep in programs.items():
         out[method], result = quantize_program_8da4w(
-            ep, target=target, group_size=group_size, keep_float=keep_float,
-            calibration_samples=calibration_samples, method=method,
+            ep, target=target, group_size=group_size, keep_float=keep_float, mapping=mapping,
+            int8_weights=int8_weights, calibration_samples=calibration_samples, method=method,
         )
         results.append(result)
     first = results[0]
     total = IntxResult(
-        group_size, quantized=sum(r.quantized for r in results),
-        kept_float=dict(first.kept_float), seconds=sum(r.seconds for r in results),
+        group_size, mapping, quantized=sum(r.quantized for r in results),
+        int8_weights=dict(first.int8_weights), kept_float=dict(first.kept_float),
+        offset_parameters=sum(r.offset_parameters for r in results),
+        seconds=sum(r.seconds for r in results),
     )
     return out, total

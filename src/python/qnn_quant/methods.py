@@ -23,7 +23,9 @@ from qnn_common.config import DEFAULT_LPBQ_BLOCK
 from qnn_common.errors import StageError
 from qnn_common.llm import DECODE, PREFILL, LlmSpec, MethodRunner, feed, method_steps
 from qnn_common.recipes import (
+    DEFAULT_GROUP_MAPPING,
     DEFAULT_GROUP_SIZE,
+    GroupMapping,
     Recipe,
     WeightRounding,
     check_weight_rounding,
@@ -72,6 +74,8 @@ def quantize_causal_lm(
     weight_rounding: WeightRounding | None = None,
     dynamic_layers: Sequence[str] | None = None,
     group_size: int = DEFAULT_GROUP_SIZE,
+    group_mapping: GroupMapping = DEFAULT_GROUP_MAPPING,
+    int8_weights: Sequence[str] | None = None,
 ) -> tuple[dict[str, ExportedProgram], GptqResult | IntxResult | None]:
     """Quantize prefill and decode with shared scales, calibrating on token sequences (`rope`:
     the rotary table of a program whose cache is its inputs and outputs). With GPTQ (the
@@ -89,6 +93,7 @@ def quantize_causal_lm(
     if recipe.is_dynamic:
         return quantize_methods_8da4w(
             programs, target=target, group_size=group_size, keep_float=keep_float,
+            mapping=group_mapping, int8_weights=int8_weights,
             calibration_samples=len(calibration),
         )
     bits = weight_bits(recipe)

@@ -27,7 +27,9 @@ from qnn_common.errors import ConfigValidationError
 from qnn_common.noise import printed_noise_filtered
 from qnn_common.program_state import initial_buffers_kept
 from qnn_common.recipes import (
+    DEFAULT_GROUP_MAPPING,
     DEFAULT_GROUP_SIZE,
+    GroupMapping,
     Recipe,
     WeightRounding,
     check_recipe,
@@ -58,6 +60,8 @@ def quantize_program(
     weight_rounding: WeightRounding | None = None,
     dynamic_layers: Sequence[str] | None = None,
     group_size: int = DEFAULT_GROUP_SIZE,
+    group_mapping: GroupMapping = DEFAULT_GROUP_MAPPING,
+    int8_weights: Sequence[str] | None = None,
 ) -> ExportedProgram:
     """Quantize `ep` for `target` at `recipe`, calibrating on `calibration`; return a new program.
 
@@ -70,7 +74,9 @@ def quantize_program(
     `qnn_quant.layers.default_dynamic_layers` (encoder blocks' linears at 8-bit activations).
     `weight_rounding` None means the recipe's default (GPTQ for 4-bit per-channel weights,
     `qnn_common.recipes.default_weight_rounding`). `group_size`: input channels per 4-bit weight
-    scale of 8da4w, which calibrates nothing (`qnn_quant.intx`; the samples are not run).
+    scale of 8da4w, which calibrates nothing (`qnn_quant.intx`; the samples are not run);
+    `group_mapping` and `int8_weights` (None: the output head) its groups' form and the linears
+    it gives int8 weights instead.
     Raises ConfigValidationError for float recipes, recipes the backend cannot run, bad patterns
     and calibration samples that do not fit the program. A sample is a tuple of positional
     arguments, or `ModelInputs` for a program that takes keyword arguments.
@@ -79,6 +85,7 @@ def quantize_program(
         ep, target=target, recipe=recipe, calibration=calibration, per_channel=per_channel,
         block_size=block_size, progress=progress, keep_float=keep_float,
         weight_rounding=weight_rounding, dynamic_layers=dynamic_layers, group_size=group_size,
+        group_mapping=group_mapping, int8_weights=int8_weights,
     )
     return program
 
@@ -96,6 +103,8 @@ def quantize_program_with_gptq(
     weight_rounding: WeightRounding | None = None,
     dynamic_layers: Sequence[str] | None = None,
     group_size: int = DEFAULT_GROUP_SIZE,
+    group_mapping: GroupMapping = DEFAULT_GROUP_MAPPING,
+    int8_weights: Sequence[str] | None = None,
 ) -> tuple[ExportedProgram, GptqResult | IntxResult | None]:
     """`quantize_program`, also returning what GPTQ did (None when weights rounded to nearest),
     or for 8da4w what its weight transform did."""
@@ -105,6 +114,7 @@ def quantize_program_with_gptq(
     if recipe.is_dynamic:
         return quantize_program_8da4w(
             ep, target=target, group_size=group_size, keep_float=keep_float,
+            mapping=group_mapping, int8_weights=int8_weights,
             calibration_samples=len(calibration),
         )
     samples = _check_calibration(ep, calibration)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import collections
 import importlib.resources
 import json
+import re
 import subprocess
 import tempfile
 from pathlib import Path
@@ -42,7 +43,11 @@ def _graph_json(payload: bytes) -> dict[str, Any]:
              str(fbs), "--", str(binary)],
             check=True, capture_output=True,
         )
-        data: dict[str, Any] = json.loads((Path(tmp) / "graph.json").read_text("utf-8"))
+        text = (Path(tmp) / "graph.json").read_text("utf-8")
+    # flatc writes unbounded clamps (a float add's output_min / output_max) as bare inf / nan,
+    # which JSON lacks; Python's reader takes them as Infinity / NaN.
+    text = re.sub(r"(?<=[:\[,\s])(-?)inf\b", r"\1Infinity", text)
+    data: dict[str, Any] = json.loads(re.sub(r"(?<=[:\[,\s])-?nan\b", "NaN", text))
     return data
 
 
@@ -90,3 +95,8 @@ def node_census(pte: bytes) -> dict[str, collections.Counter[str]]:
 # 8da4w's linear as XNNPACK runs it: int8 activations quantized per token at run time
 # (qdint8), 4-bit weights with one scale per block of input channels (qbint4).
 DYNAMIC_INT8_X_BLOCKWISE_INT4 = f"{_FC}[xnn_datatype_qdint8,xnn_datatype_qbint4]"
+# 8da4w's linears with int8 weights (by default a causal LM's output head): int8 activations
+# per token, int8 weights with one scale per output channel (qcint8).
+DYNAMIC_INT8_X_CHANNEL_INT8 = f"{_FC}[xnn_datatype_qdint8,xnn_datatype_qcint8]"
+# A float linear: the asymmetric groups' offsets (qnn_quant.intx), two per 4-bit linear.
+FLOAT_FC = f"{_FC}[xnn_datatype_fp32,xnn_datatype_fp32]"

@@ -1,0 +1,123 @@
+"""8da4w's weight forms on real torchao tensors and real exports: asymmetric groups split into a
+symmetric int4 weight plus a float offset per group, symmetric groups, int8 output heads.
+(Lowering and running them on XNNPACK and portable: tests/llm/recipe_8da4w_test.py.)"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from qnn_common.config import QuantizeConfig
+from qnn_common.errors import ConfigValidationError
+from qnn_common.metrics import sqnr_db
+from qnn_common.recipes import Backend, GroupMapping, Recipe
+from qnn_common.target import Target
+from qnn_quant.intx import quantize_program_8da4w, split_asymmetric
+
+GROUP = 32
+
+
+def _on_q4_1_grid(out_f: int, in_f: int, seed: int) -> torch.Tensor:
+    """A weight whose every group of 32 input channels is `scale * q + minimum`, q in 0..15,
+    minimum and scale drawn per group: GGUF Q4_1's form, not centred on 0."""
+    gen = torch.Generator().manual_seed(seed)
+    groups = in_f // GROUP
+    q = torch.randint(0, 16, (out_f, groups, GROUP), generator=gen).float()
+    q[..., 0], q[..., 1] = 0, 15  # each group spans its whole grid, as Q4_1's min/max does
+    scale = torch.rand(out_f, groups, 1, generator=gen) * 0.02 + 0.002
+    minimum = torch.randn(out_f, groups, 1, generator=gen) * 0.05 - 0.04
+    return (scale * q + minimum).reshape(out_f, in_f)
+
+
+class _Decoderish(nn.Module):
+    """A linear, a nonlinearity and an output head named as a Hugging Face causal LM's."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.up = nn.Linear(64, 96)
+        self.lm_head = nn.Linear(96, 200, bias=False)
+        with torch.no_grad():
+            self.up.weight.copy_(_on_q4_1_grid(96, 64, seed=1))
+            self.lm_head.weight.copy_(_on_q4_1_grid(200, 96, seed=2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.lm_head(torch.relu(self.up(x)))
+        return out
+
+
+def _quantize(mapping: GroupMapping, int8_weights: tuple[str, ...] | None = None) -> tuple[
+    torch.export.ExportedProgram, torch.Tensor, torch.Tensor, dict[str, object]
+]:
+    torch.manual_seed(0)
+    model = _Decoderish().eval()
+    x = torch.randn(2, 7, 64)
+    ep = torch.export.export(model, (x,))
+    program, result = quantize_program_8da4w(
+        ep, target=Target(Backend.XNNPACK), mapping=mapping, int8_weights=int8_weights
+    )
+    with torch.no_grad():
+        return program, model(x), program.module()(x), result.to_json()
+
+
+def _targets(program: torch.export.ExportedProgram) -> list[str]:
+    return [str(n.target) for n in program.graph.nodes if n.op == "call_function"]
+
+
+def test_split_is_exact_on_a_min_max_grid_and_symmetric_in_int4() -> None:
+    weight = _on_q4_1_grid(48, 128, seed=3)
+    q, scale, offset = split_asymmetric(weight, GROUP)
+    assert q.dtype == torch.int8 and int(q.min()) == -8 and int(q.max()) == 7
+    assert scale.shape == offset.shape == (48, 128 // GROUP)
+    rebuilt = q.float().reshape(48, -1, GROUP) * scale[..., None] + offset[..., None]
+    assert torch.allclose(rebuilt.reshape(48, 128), weight, atol=1e-6)
+
+
+def test_a_constant_group_is_kept_exactly() -> None:
+    weight = torch.full((2, GROUP), 0.25)
+    q, scale, offset = split_asymmetric(weight, GROUP)
+    rebuilt = q.float() * scale[..., None].reshape(2, 1) + offset.reshape(2, 1)
+    assert torch.allclose(rebuilt, weight, atol=1e-6)
+
+
+def test_asymmetric_groups_add_the_offset_path_and_beat_symmetric_on_such_weights() -> None:
+    asym, ref, out_asym, record = _quantize(GroupMapping.ASYMMETRIC, int8_weights=())
+    sym, _, out_sym, sym_record = _quantize(GroupMapping.SYMMETRIC, int8_weights=())
+    # Per 4-bit linear: the GEMM's input and weight dequantized, then the group sums and their
+    # constants as two float linears, added to the GEMM's output.
+    assert _targets(asym).count("aten.linear.default") == 2 * 3
+    assert _targets(asym).count("aten.add.Tensor") == 2
+    assert record["offset_parameters"] == 96 * 64 // GROUP + 200 * 96 // GROUP
+    assert _targets(sym).count("aten.linear.default") == 2
+    assert sym_record["offset_parameters"] == 0
+    # Weights on a min/max grid: the asymmetric split keeps them, so only the per-token int8
+    # activations differ from fp32; symmetric groups round every weight a second time.
+    asym_db, sym_db = sqnr_db(ref, out_asym), sqnr_db(ref, out_sym)
+    assert asym_db >= 30 and asym_db >= sym_db + 6, (asym_db, sym_db)
+
+
+def test_the_output_head_gets_int8_weights_by_default() -> None:
+    program, ref, out, record = _quantize(GroupMapping.ASYMMETRIC)
+    assert record["linears_int8_weights"] == {"lm_head": r"(^|\.)lm_head$"}
+    assert record["linears_quantized"] == 2
+    assert record["offset_parameters"] == 96 * 64 // GROUP  # the head has no groups
+    values = {name: t for name, t in program.state_dict.items()
+              if name.endswith("parametrizations.weight.original0")}
+    head = next(t for name, t in values.items() if "lm_head" in name)
+    up = next(t for name, t in values.items() if "up" in name)
+    assert head.dtype == up.dtype == torch.int8
+    assert int(head.abs().max()) > 7  # 8-bit values
+    assert int(up.min()) >= -8 and int(up.max()) <= 7  # 4-bit values
+    assert sqnr_db(ref, out) >= 30
+
+
+def test_group_mapping_and_int8_weights_belong_to_8da4w() -> None:
+    assert QuantizeConfig(recipe=Recipe.A8DW4, group_mapping="symmetric").group_mapping is (
+        GroupMapping.SYMMETRIC
+    )
+    with pytest.raises(ConfigValidationError, match="only 8da4w has 4-bit weight groups"):
+        QuantizeConfig(recipe=Recipe.A8W8, group_mapping=GroupMapping.SYMMETRIC)
+    with pytest.raises(ConfigValidationError, match="only 8da4w"):
+        QuantizeConfig(recipe=Recipe.A8W8, int8_weights=("lm_head",))
+    with pytest.raises(ConfigValidationError, match="group_mapping"):
+        QuantizeConfig(recipe=Recipe.A8DW4, group_mapping="sideways")
