@@ -7,7 +7,10 @@ In one process, on the same model, prompt and number of new tokens, both greedy:
 - the pipeline's program, per recipe: stage seconds, .pte bytes, time to first token, prefill and
   decode tokens/s, and the ratio of decode tokens/s to eager's;
 - the size of the one two-method .pte against the same two methods lowered as separate files;
-- peak RSS of each stage, each run as its own CLI process (`os.wait4` reports the child's peak).
+- peak RSS of each stage, each run as its own CLI process (`os.wait4` reports the child's peak);
+- with `--llama-cpp-python PYTHON` and `--model smollm2-135m`: llama.cpp on the GGUF file the
+  model comes from (`llama_cpp_peer.py`, run by that interpreter), same prompt token ids, threads
+  and new tokens; our decode tokens/s as a ratio of its.
 Only ratios measured side by side mean anything on these noisy machines. Writes JSON with
 `--json` and prints a Markdown table.
 """
@@ -32,9 +35,11 @@ from qnn_common.stages import method_program
 from qnn_common.tensorio import load_program
 from qnn_compile.backends import lowering_for
 from qnn_compile.lower import lower_program
+from qnn_prepare.smollm2 import SMOLLM2, gguf_path, save_smollm2
 from qnn_prepare.tiny_decoders import save_tiny_decoder
 
 PROMPT = "Once upon a time"
+PEER = Path(__file__).with_name("llama_cpp_peer.py")
 
 
 def _eager_decode_tokens_per_s(model_dir: Path, new_tokens: int, runs: int) -> float:
@@ -74,7 +79,8 @@ def _run(model: str, recipe: str, work: Path, args: argparse.Namespace) -> dict[
     steps.append(("compile", ["qnn_compile.cli", str(source), "--recipe", recipe,
                               "-o", str(comp), "-q"]))
     steps.append(("infer", ["qnn_infer.cli", str(comp), "--prompt", PROMPT, "--no-stream",
-                            "--max-new-tokens", str(args.new_tokens), "-o", str(inf), "-q"]))
+                            "--max-new-tokens", str(args.new_tokens), "--threads",
+                            str(args.threads), "-o", str(inf), "-q"]))
     for name, argv in steps:
         seconds, rss = run_stage(argv, work)
         row["seconds"][name], row["peak_rss_mb"][name] = round(seconds, 1), round(rss)
@@ -97,6 +103,26 @@ def _separate_size(source: Path, recipe: str) -> int:
     )
 
 
+def _llama_cpp(python: str, model_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """llama.cpp's greedy run on the model's GGUF, with our tokenizer's prompt ids."""
+    import subprocess
+
+    from transformers import AutoTokenizer
+
+    ids = AutoTokenizer.from_pretrained(str(model_dir))(PROMPT, add_special_tokens=False)
+    proc = subprocess.run(
+        [python, str(PEER), str(gguf_path()), "--prompt-ids",
+         ",".join(str(i) for i in ids["input_ids"]), "--new-tokens", str(args.new_tokens),
+         "--threads", str(args.threads), "--n-ctx", str(args.max_seq_len),
+         "--runs", str(args.runs)],
+        capture_output=True, text=True, check=False,
+    )
+    if proc.returncode != 0:
+        raise SystemExit(f"llama.cpp peer failed (exit {proc.returncode}): {proc.stderr[-2000:]}")
+    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return result
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="tiny-llama")
@@ -105,27 +131,46 @@ def main() -> None:
     p.add_argument("--prefill-len", type=int, default=32)
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 1,
+                   help="CPU threads of our runtime and of llama.cpp (default: every core)")
+    p.add_argument("--llama-cpp-python", metavar="PYTHON",
+                   help=f"an interpreter with llama-cpp-python: compare with llama.cpp on the "
+                   f"GGUF file ({SMOLLM2} only)")
     p.add_argument("--json", type=Path, help="write the results here")
     args = p.parse_args()
+    if args.llama_cpp_python and args.model != SMOLLM2:
+        p.error(f"--llama-cpp-python runs the GGUF file {SMOLLM2} comes from; use --model "
+                f"{SMOLLM2}")
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        model_dir = save_tiny_decoder(args.model, work / "hf") if args.model.startswith(
-            "tiny-") else Path(args.model)
+        if args.model.startswith("tiny-"):
+            model_dir = save_tiny_decoder(args.model, work / "hf")
+        elif args.model == SMOLLM2:
+            model_dir = save_smollm2(work / "hf")
+        else:
+            model_dir = Path(args.model)
         eager = _eager_decode_tokens_per_s(model_dir, args.new_tokens, args.runs)
         rows = [_run(args.model, r, work, args) for r in args.recipes]
+        peer = None if not args.llama_cpp_python else _llama_cpp(
+            args.llama_cpp_python, model_dir, args)
     result = {
         "model": args.model, "machine": f"{platform.machine()}, {os.cpu_count()} cores",
         "date": time.strftime("%Y-%m-%d"), "torch": torch.__version__,
-        "eager_decode_tokens_per_s": round(eager, 1), "rows": rows,
+        "threads": args.threads, "eager_decode_tokens_per_s": round(eager, 1), "rows": rows,
+        "llama_cpp": peer,
     }
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
     print(f"{args.model}, prompt {PROMPT!r}, {args.new_tokens} new tokens, greedy; "
-          f"{result['machine']}, {result['date']}; eager HF decode {eager:.0f} tok/s")
-    print("| recipe | decode tok/s | vs eager | prefill tok/s | TTFT ms | argmax vs eager "
-          "| perplexity (eager fp32) | .pte bytes (2 separate) | stage s (prep/quant/comp/infer) "
-          "| peak RSS MB |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          f"{result['machine']}, {result['date']}, {args.threads} thread(s); eager HF decode "
+          f"{eager:.0f} tok/s")
+    if peer is not None:
+        print(f"llama.cpp on the GGUF: decode {peer['decode_tokens_per_s']:.0f} tok/s, prefill "
+              f"{peer['prefill_tokens_per_s']:.0f} tok/s, TTFT {peer['ttft_ms']:.1f} ms")
+    print("| recipe | decode tok/s | vs eager | vs llama.cpp | prefill tok/s | TTFT ms "
+          "| argmax vs eager | perplexity (eager fp32) | .pte bytes (2 separate) "
+          "| stage s (prep/quant/comp/infer) | peak RSS MB |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         g = r["generation"]
         stages = "/".join(str(r["seconds"].get(s, "-")) for s in
@@ -133,7 +178,10 @@ def main() -> None:
         rss = "/".join(str(r["peak_rss_mb"].get(s, "-")) for s in
                        ("prepare", "quantize", "compile", "infer"))
         print(f"| {r['recipe']} | {g['decode_tokens_per_s']:.0f} | "
-              f"{g['decode_tokens_per_s'] / eager:.1f}x | {g['prefill_tokens_per_s']:.0f} | "
+              f"{g['decode_tokens_per_s'] / eager:.1f}x | "
+              + (f"{g['decode_tokens_per_s'] / peer['decode_tokens_per_s']:.2f}x | "
+                 if peer else "- | ")
+              + f"{g['prefill_tokens_per_s']:.0f} | "
               f"{g['ttft_ms']:.1f} | {r['argmax_agreement_vs_eager']:.3f} | "
               f"{r['perplexity']['program']:.3f} ({r['perplexity']['fp32']:.3f}) | "
               f"{r['pte_bytes']:,} ({r['separate_pte_bytes']:,}) | {stages} | {rss} |")

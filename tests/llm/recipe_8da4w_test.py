@@ -3,9 +3,10 @@ decoder, lowered to XNNPACK (and portable), executed by the ExecuTorch runtime.
 
 Structure is read from the .pte itself (`qnn_testing.xnnpack_graph`): every decoder linear of
 both methods is one XNNPACK fully connected node with int8 activations quantized per token and
-blockwise 4-bit weights, beside the two float linears of its groups' offsets (asymmetric
-groups, the default); the output head has int8 weights per channel. Numbers are the pipeline's own: teacher-forced logits of the program
-against the eager fp32 HF model and the eager fake-quant (torchao) program.
+blockwise 4-bit weights, beside the float linears of its groups' offsets (asymmetric groups,
+the default); the output head has int8 weights per channel. Numbers are the pipeline's own:
+teacher-forced logits of the program against the eager fp32 HF model and the eager fake-quant
+(torchao) program.
 """
 
 from __future__ import annotations
@@ -79,12 +80,13 @@ def test_xnnpack_delegate_holds_every_linear_as_int8_dynamic_x_int4_or_int8(
     assert set(census) == {"prefill", "decode"}
     for method, nodes in census.items():
         fully_connected = {k: v for k, v in nodes.items() if k.startswith("XNNFullyConnected")}
-        # Nothing else inside the delegate: no static int8 linear, no float one but the offsets'
-        # group sums and constants (two per 4-bit linear).
+        # Nothing else inside the delegate: no static int8 linear, no float one but the
+        # offsets' constants (one per 4-bit linear) and group sums (one per input the 4-bit
+        # linears read: q / k / v's, o's, gate / up's and down's in each layer).
         assert fully_connected == {
             DYNAMIC_INT8_X_BLOCKWISE_INT4: DECODER_LINEARS,
             DYNAMIC_INT8_X_CHANNEL_INT8: 1,
-            FLOAT_FC: 2 * DECODER_LINEARS,
+            FLOAT_FC: DECODER_LINEARS + 2 * 4,
         }, (method, nodes)
     compiled = load_manifest(_artifact(summary, Stage.COMPILE), expect_stage=Stage.COMPILE)
     # Nothing of the quantization runs outside the delegate: no quantize op, no float linear.

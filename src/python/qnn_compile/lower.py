@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import importlib
 import logging
 import operator
@@ -80,6 +81,7 @@ def lower_program(
     share_provenance: bool = True,
     fast_partitioning: bool = True,
     materialize_cia_once: bool = True,
+    check_ir: bool | None = None,
 ) -> LoweredProgram:
     """Lower `ep` with a backend's `lowering` (see `qnn_compile.backends`) to .pte bytes.
 
@@ -96,6 +98,14 @@ def lower_program(
     (`qnn_compile.partition_recompile`), `materialize_cia_once=False` with torch materializing
     its CompositeImplicitAutograd ops once per op namespace per query (`qnn_compile.cia_ops`):
     the same bytes, slower; for comparisons (bench/).
+
+    `check_ir`: run ExecuTorch's edge-dialect IR checks. None (the default) leaves a one-method
+    program to its backend's choice (ExecuTorch's default checks; QNN's config does not) and
+    turns them off for a causal LM's methods: the checks run the whole program again
+    on fake tensors after every pass and after every constant a partition copies, which grows
+    faster than the decoder's depth, and upstream's own LLM and XNNPACK exports turn them off
+    (`EdgeCompileConfig(_check_ir_validity=False)`). They check, they change nothing: the same
+    bytes either way.
 
     Raises:
         MissingKernelError: an operator left outside the delegates has no kernel in the
@@ -119,13 +129,26 @@ def lower_program(
         merging_in_linear_checks() if fast_partitioning else contextlib.nullcontext(),
         recompiling_once() if fast_partitioning else contextlib.nullcontext(),
     ):
-        return _lower(ep, lowering, etrecord_path)
+        return _lower(ep, lowering, etrecord_path, check_ir)
+
+
+def _edge_config(lowering: BackendLowering, check_ir: bool | None, methods: int) -> Any:
+    """The backend's edge compile config with the IR checks `lower_program` asks for."""
+    from executorch.exir import EdgeCompileConfig
+
+    config = lowering.recipe.edge_compile_config
+    if check_ir is None:
+        if methods == 1:
+            return config
+        check_ir = False
+    return dataclasses.replace(config or EdgeCompileConfig(), _check_ir_validity=check_ir)
 
 
 def _lower(
     ep: torch.export.ExportedProgram | Mapping[str, torch.export.ExportedProgram],
     lowering: BackendLowering,
     etrecord_path: Path | None,
+    check_ir: bool | None,
 ) -> LoweredProgram:
     # Imported here so that importing this module (e.g. to read LoweredProgram) stays cheap.
     # The kernels import registers out variants of the quantized_decomposed q/dq ops: without it a
@@ -156,7 +179,7 @@ def _lower(
                 programs,
                 transform_passes=transform_passes,
                 partitioner=recipe.partitioners or [],
-                compile_config=recipe.edge_compile_config,
+                compile_config=_edge_config(lowering, check_ir, len(programs)),
                 generate_etrecord=want_etrecord,
             )
     except Exception as exc:  # exir raises many unrelated types; each becomes one StageError

@@ -180,20 +180,33 @@ def _add_param(gm: torch.fx.GraphModule, wanted: str, value: torch.Tensor) -> st
     return name
 
 
+def _group_sums(
+    gm: torch.fx.GraphModule, node: torch.fx.Node, in_f: int, group_size: int, path: str
+) -> torch.fx.Node:
+    """A node right after linear `node` that sums its input over each group of `group_size`
+    channels: a float linear with a 0/1 matrix of its own. Its own, not one shared by every
+    linear: ExecuTorch copies a constant that several partitions read once per partition, each
+    copy logged and followed by a check of the whole program."""
+    groups = torch.arange(in_f // group_size)[:, None]
+    ones = (torch.arange(in_f)[None, :] // group_size == groups).float()
+    name = _add_param(gm, f"{path}.group_sum", ones)
+    with gm.graph.inserting_before(node):
+        matrix = gm.graph.get_attr(name)
+    with gm.graph.inserting_after(node):
+        return gm.graph.call_function(torch.ops.aten.linear.default, (node.args[0], matrix))
+
+
 def _add_group_offset(
-    gm: torch.fx.GraphModule, node: torch.fx.Node, offset: torch.Tensor, group_sum: str,
+    gm: torch.fx.GraphModule, node: torch.fx.Node, offset: torch.Tensor, sums: torch.fx.Node,
     path: str,
 ) -> None:
-    """After linear `node`: + linear(linear(x, group_sum), offset), the asymmetric groups'
-    constants times their inputs' sums; `node`'s users read the sum."""
+    """After linear `node`: + linear(sums, offset), the asymmetric groups' constants times
+    their inputs' sums; `node`'s users read the total."""
     graph = gm.graph
     name = _add_param(gm, f"{path}.group_offset", offset)
     with graph.inserting_before(node):
-        ones = graph.get_attr(group_sum)
         constants = graph.get_attr(name)
-    with graph.inserting_after(node):
-        sums = graph.call_function(torch.ops.aten.linear.default, (node.args[0], ones))
-    with graph.inserting_after(sums):
+    with graph.inserting_after(sums if sums.prev is node else node):
         shift = graph.call_function(torch.ops.aten.linear.default, (sums, constants))
     with graph.inserting_after(shift):
         total = graph.call_function(torch.ops.aten.add.Tensor, (node, shift))
@@ -270,7 +283,8 @@ def quantize_graph_8da4w(
     patterns = [re.compile(p) for p in keep_float]
     int8_patterns = [re.compile(p) for p in int8_weights]
     result = IntxResult(group_size, mapping)
-    group_sums: dict[int, str] = {}  # input size -> the (groups, input size) 0/1 parameter
+    # Linears that read one input (q / k / v, gate / up) share its group sums.
+    group_sums: dict[torch.fx.Node, torch.fx.Node] = {}
     t = time.perf_counter()
     for node in list(gm.graph.nodes):
         weight_node = _linear_weight(gm, node)
@@ -318,12 +332,11 @@ def quantize_graph_8da4w(
         node.target = torch.nn.functional.linear
         result.quantized += 1
         if offset is not None:
-            in_f = weight.shape[1]
-            if in_f not in group_sums:
-                groups = torch.arange(in_f // group_size)[:, None]
-                ones = (torch.arange(in_f)[None, :] // group_size == groups).float()
-                group_sums[in_f] = _add_param(gm, f"intx_group_sum_{in_f}", ones)
-            _add_group_offset(gm, node, offset, group_sums[in_f], path)
+            x = node.args[0]
+            assert isinstance(x, torch.fx.Node)
+            if x not in group_sums:
+                group_sums[x] = _group_sums(gm, node, weight.shape[1], group_size, path)
+            _add_group_offset(gm, node, offset, group_sums[x], path)
             result.offset_parameters += offset.numel()
     # No float weight is left unread: a weight only the linear read is replaced under its own
     # name, a shared one is still read by its other users. (pt2e.drop_unused_tensors would

@@ -4,6 +4,8 @@ symmetric int4 weight plus a float offset per group, symmetric groups, int8 outp
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 import pytest
 import torch
 from torch import nn
@@ -83,8 +85,8 @@ def test_a_constant_group_is_kept_exactly() -> None:
 def test_asymmetric_groups_add_the_offset_path_and_beat_symmetric_on_such_weights() -> None:
     asym, ref, out_asym, record = _quantize(GroupMapping.ASYMMETRIC, int8_weights=())
     sym, _, out_sym, sym_record = _quantize(GroupMapping.SYMMETRIC, int8_weights=())
-    # Per 4-bit linear: the GEMM's input and weight dequantized, then the group sums and their
-    # constants as two float linears, added to the GEMM's output.
+    # Per 4-bit linear: the GEMM's input and weight dequantized, then the group sums of its
+    # input and their constants as two float linears, added to the GEMM's output.
     assert _targets(asym).count("aten.linear.default") == 2 * 3
     assert _targets(asym).count("aten.add.Tensor") == 2
     assert record["offset_parameters"] == 96 * 64 // GROUP + 200 * 96 // GROUP
@@ -112,7 +114,9 @@ def test_the_output_head_gets_int8_weights_by_default() -> None:
 
 
 def test_group_mapping_and_int8_weights_belong_to_8da4w() -> None:
-    assert QuantizeConfig(recipe=Recipe.A8DW4, group_mapping="symmetric").group_mapping is (
+    # A TOML file or the CLI hands the value over as a string.
+    as_text: Any = "symmetric"
+    assert QuantizeConfig(recipe=Recipe.A8DW4, group_mapping=as_text).group_mapping is (
         GroupMapping.SYMMETRIC
     )
     with pytest.raises(ConfigValidationError, match="only 8da4w has 4-bit weight groups"):
@@ -120,4 +124,41 @@ def test_group_mapping_and_int8_weights_belong_to_8da4w() -> None:
     with pytest.raises(ConfigValidationError, match="only 8da4w"):
         QuantizeConfig(recipe=Recipe.A8W8, int8_weights=("lm_head",))
     with pytest.raises(ConfigValidationError, match="group_mapping"):
-        QuantizeConfig(recipe=Recipe.A8DW4, group_mapping="sideways")
+        QuantizeConfig(recipe=Recipe.A8DW4, group_mapping=cast(Any, "sideways"))
+
+
+class _SharedInput(nn.Module):
+    """q / k / v style: three linears reading one input."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q, self.k, self.v = (nn.Linear(64, 32) for _ in range(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.q(x) * self.k(x) + self.v(x)
+        return out
+
+
+def test_linears_that_read_one_input_share_its_group_sums() -> None:
+    torch.manual_seed(0)
+    model = _SharedInput().eval()
+    x = torch.randn(3, 64)
+    program, result = quantize_program_8da4w(
+        torch.export.export(model, (x,)), target=Target(Backend.XNNPACK)
+    )
+    # 3 GEMMs, 1 group sum, 3 offsets; each 0/1 matrix read by one node only (a constant read by
+    # several would be copied per partition by ExecuTorch).
+    assert _targets(program).count("aten.linear.default") == 3 + 1 + 3
+    sums = [n for n in program.graph.nodes if n.op == "placeholder" and "group_sum" in n.name]
+    assert len(sums) == 1 and len(sums[0].users) == 1
+    # Against the model with each weight replaced by its groups' values: what is left is the
+    # per-token int8 activations' noise, so each offset reached its own linear.
+    grid = _SharedInput().eval()
+    grid.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        for linear in (grid.q, grid.k, grid.v):
+            q, scale, offset = split_asymmetric(linear.weight, GROUP)
+            values = q.float().reshape(32, -1, GROUP) * scale[..., None] + offset[..., None]
+            linear.weight.copy_(values.reshape(32, 64))
+        assert sqnr_db(grid(x), program.module()(x)) >= 30
+    assert result.offset_parameters == 3 * 32 * 64 // GROUP

@@ -1,0 +1,62 @@
+"""The peer a CPU user would pick: llama.cpp (llama-cpp-python) greedy on a GGUF file.
+
+Run by `llm_bench.py --llama-cpp-python PYTHON` with an interpreter that has llama-cpp-python
+(a benchmark dependency, not the product's: its sdist compiles llama.cpp, see the README), on the
+same prompt token ids, threads and number of new tokens as our program. Prints one JSON object:
+time to first token (the prompt's evaluation), prefill and decode tokens/s (best of `--runs`),
+and the generated token ids.
+
+    python bench/llama_cpp_peer.py MODEL.gguf --prompt-ids 1,2,3 --new-tokens 64 --threads 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from typing import Any
+
+
+def _greedy(llm: Any, prompt: list[int], new_tokens: int) -> tuple[float, float, list[int]]:
+    """(seconds for the prompt, seconds for the new tokens after the first, their ids)."""
+    llm.reset()
+    t = time.perf_counter()
+    llm.eval(prompt)
+    token = int(llm.sample(temp=0.0))  # temp 0: greedy
+    prompt_s = time.perf_counter() - t
+    out = [token]
+    t = time.perf_counter()
+    for _ in range(new_tokens - 1):
+        llm.eval([token])
+        token = int(llm.sample(temp=0.0))
+        out.append(token)
+    return prompt_s, time.perf_counter() - t, out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("gguf")
+    p.add_argument("--prompt-ids", required=True, help="comma-separated token ids")
+    p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--n-ctx", type=int, default=512)
+    p.add_argument("--runs", type=int, default=3)
+    args = p.parse_args()
+    from llama_cpp import Llama  # pants: no-infer-dep (a bench-only interpreter has it)
+
+    llm = Llama(model_path=args.gguf, n_ctx=args.n_ctx, n_threads=args.threads,
+                n_threads_batch=args.threads, n_batch=args.n_ctx, seed=0, verbose=False)
+    prompt = [int(t) for t in args.prompt_ids.split(",")]
+    runs = [_greedy(llm, prompt, args.new_tokens) for _ in range(args.runs)]
+    prompt_s = min(r[0] for r in runs)
+    decode_s = min(r[1] for r in runs)
+    print(json.dumps({
+        "ttft_ms": round(prompt_s * 1000, 1),
+        "prefill_tokens_per_s": round(len(prompt) / prompt_s, 1),
+        "decode_tokens_per_s": round((args.new_tokens - 1) / decode_s, 1),
+        "tokens": runs[0][2],
+    }))
+
+
+if __name__ == "__main__":
+    main()
