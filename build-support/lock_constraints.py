@@ -29,7 +29,8 @@ HEADER = (
 
 def locked_pins(lock_text: str) -> dict[str, str]:
     """project name -> pinned version, from a Pants lockfile (JSON after `//` header lines)."""
-    body = "".join(line for line in lock_text.splitlines(keepends=True) if not line.startswith("//"))
+    lines = lock_text.splitlines(keepends=True)
+    body = "".join(line for line in lines if not line.startswith("//"))
     resolves = json.loads(body)["locked_resolves"]
     pins: dict[str, str] = {}
     for resolve in resolves:

@@ -145,7 +145,7 @@ def python_the_tests_run_on() -> str:
 def wheels() -> list[Wheel]:
     # pytest.pex/ in the sandbox holds wheels too: only those built by ./pants package.
     paths = sorted(p for p in Path.cwd().rglob("qnn_*.whl") if "pytest.pex" not in p.parts)
-    assert paths, "no wheel in the sandbox: runtime_package_dependencies in tests/packaging/BUILD"
+    assert paths, "no wheel in the sandbox: runtime_package_dependencies in tests/wheels/BUILD"
     return [read_wheel(p) for p in paths]
 
 

@@ -1,0 +1,181 @@
+"""build-support/version_policy.py on a throwaway git repo: it fails a change that ships without a
+version bump (naming the package and the version to bump to), and passes once it is bumped.
+
+The repo mirrors this one's shape (src/python/<pkg>/BUILD with a python_artifact, __init__ with
+__version__, CHANGELOG.md; a stage importing qnn_common), with release tags as a maintainer
+makes them. The real script runs in a child process, as CI runs it.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "build-support" / "version_policy.py"
+
+BUILD = """\
+python_sources()
+
+python_distribution(
+    name="dist",
+    dependencies=[":{pkg}"],
+    provides=python_artifact(name="{dist}", version="{version}"),
+)
+"""
+API = {
+    "qnn_common": "def load(path: str) -> str:\n    return path\n",
+    "qnn_quant": "from qnn_common.api import load\n\n\n"
+    "def quantize(path: str) -> str:\n    return load(path)\n",
+}
+
+
+def git(repo: Path, *args: str) -> None:
+    subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True)
+
+
+def write(repo: Path, rel: str, text: str) -> None:
+    path = repo / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def set_version(repo: Path, pkg: str, version: str, *, changelog: bool = True) -> None:
+    dist = pkg.replace("_", "-")
+    base = f"src/python/{pkg}"
+    write(repo, f"{base}/BUILD", BUILD.format(pkg=pkg, dist=dist, version=version))
+    write(repo, f"{base}/__init__.py", f'__version__ = "{version}"\n')
+    if changelog:
+        log = repo / base / "CHANGELOG.md"
+        old = log.read_text().split("\n", 2)[2] if log.exists() else ""
+        write(repo, f"{base}/CHANGELOG.md", f"# {dist}\n\n## {version}\n\n- changes\n\n{old}")
+
+
+def commit(repo: Path, message: str) -> None:
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", message)
+
+
+def policy(repo: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), "--repo", str(repo)], capture_output=True, text=True
+    )
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    """Two packages at 0.1.0, committed; no release yet."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "config", "user.email", "ci@example.invalid")
+    git(repo, "config", "user.name", "CI")
+    for pkg, api in API.items():
+        set_version(repo, pkg, "0.1.0")
+        write(repo, f"src/python/{pkg}/api.py", api)
+        write(repo, f"src/python/{pkg}/api_test.py", "def test_nothing() -> None:\n    pass\n")
+    commit(repo, "packages at 0.1.0")
+    return repo
+
+
+@pytest.fixture
+def released(repo: Path) -> Path:
+    git(repo, "tag", "qnn-common-v0.1.0")
+    git(repo, "tag", "qnn-quant-v0.1.0")
+    return repo
+
+
+def test_unreleased_packages_pass_and_say_how_the_first_release_is_tagged(repo: Path) -> None:
+    run = policy(repo)
+    assert run.returncode == 0, run.stderr
+    assert "its first release is the tag qnn-quant-v0.1.0" in run.stdout
+
+
+def test_a_shipped_change_without_a_bump_fails_naming_package_and_version(released: Path) -> None:
+    write(released, "src/python/qnn_quant/api.py", API["qnn_quant"] + "\n# faster\n")
+    commit(released, "a fix")
+    run = policy(released)
+    assert run.returncode == 1
+    assert (
+        "ERROR qnn-quant: 1 shipped file(s) changed since qnn-quant-v0.1.0 "
+        "(src/python/qnn_quant/api.py) but the version is still 0.1.0: bump it to 0.1.1"
+    ) in run.stderr
+    assert "qnn-common" not in run.stderr  # the dependency did not change
+
+    set_version(released, "qnn_quant", "0.1.1")
+    commit(released, "qnn-quant 0.1.1")
+    run = policy(released)
+    assert run.returncode == 0, run.stderr
+    assert "qnn-quant 0.1.1: changed since qnn-quant-v0.1.0, version bumped: ok" in run.stdout
+
+
+def test_uncommitted_changes_count(released: Path) -> None:
+    write(released, "src/python/qnn_quant/extra.py", "X = 1\n")  # untracked
+    run = policy(released)
+    assert run.returncode == 1
+    assert "src/python/qnn_quant/extra.py" in run.stderr
+
+
+def test_tests_and_changelog_do_not_ship(released: Path) -> None:
+    write(released, "src/python/qnn_quant/api_test.py", "def test_more() -> None:\n    pass\n")
+    write(released, "src/python/qnn_quant/CHANGELOG.md", "# qnn-quant\n\n## 0.1.0\n\n- typo\n")
+    commit(released, "tests only")
+    run = policy(released)
+    assert run.returncode == 0, run.stderr
+
+
+def test_a_bump_needs_a_changelog_entry(released: Path) -> None:
+    write(released, "src/python/qnn_quant/api.py", API["qnn_quant"] + "\n# faster\n")
+    set_version(released, "qnn_quant", "0.1.1", changelog=False)
+    commit(released, "bump without changelog")
+    run = policy(released)
+    assert run.returncode == 1
+    assert "src/python/qnn_quant/CHANGELOG.md has no `## 0.1.1` section" in run.stderr
+
+
+def test_a_breaking_change_needs_a_new_minor(released: Path) -> None:
+    write(released, "src/python/qnn_quant/api.py", API["qnn_quant"].replace(
+        "def quantize(path: str)", "def quantize(path: str, bits: int)"))
+    set_version(released, "qnn_quant", "0.1.1")
+    commit(released, "signature change as a patch")
+    run = policy(released)
+    assert run.returncode == 1
+    assert "qnn_quant.api.quantize changed def (path: str) -> def (path: str, bits: int)" in (
+        run.stderr
+    )
+    assert "bump to 0.2.0" in run.stderr
+
+    set_version(released, "qnn_quant", "0.2.0")
+    commit(released, "qnn-quant 0.2.0")
+    assert policy(released).returncode == 0
+
+
+def test_qnn_common_leaving_a_released_stage_range_says_so(released: Path) -> None:
+    write(released, "src/python/qnn_common/api.py", "def load(path: str, mode: str) -> str:\n"
+          "    return path + mode\n")
+    set_version(released, "qnn_common", "0.2.0")
+    commit(released, "qnn-common 0.2.0, breaking")
+    run = policy(released)
+    assert run.returncode == 1
+    assert (
+        "ERROR qnn-quant: released qnn-quant-v0.1.0 requires qnn-common~=0.1.0, which "
+        "qnn-common 0.2.0 no longer satisfies: bump qnn-quant"
+    ) in run.stderr
+    assert "ERROR qnn-common" not in run.stderr  # qnn-common itself is bumped right
+
+    set_version(released, "qnn_quant", "0.1.1")
+    commit(released, "qnn-quant 0.1.1 for qnn-common 0.2")
+    run = policy(released)
+    assert run.returncode == 0, run.stderr
+    assert "release qnn-quant 0.1.1 together with it" in run.stdout
+
+
+def test_a_compatible_qnn_common_release_needs_no_stage_bump(released: Path) -> None:
+    write(released, "src/python/qnn_common/api.py", API["qnn_common"] + "\n\nVERSION = 2\n")
+    set_version(released, "qnn_common", "0.1.1")
+    commit(released, "qnn-common 0.1.1")
+    run = policy(released)
+    assert run.returncode == 0, run.stderr
+    assert "qnn-quant 0.1.0: unchanged since qnn-quant-v0.1.0" in run.stdout
