@@ -12,12 +12,15 @@ last release tag `<dist>-v<version>` (e.g. `qnn-quant-v0.1.0`) reachable from HE
   section with an entry;
 - a first-party dependency (qnn_common) whose version left the `~=` range a released package was
   built with (read at that package's tag) requires that package to be bumped too: its released
-  wheel cannot be installed with the new qnn-common.
+  wheel cannot be installed with the new qnn-common;
+- a third-party range changed in 3rdparty/python/requirements.txt changes the Requires-Dist of
+  the packages whose shipped modules depend on it: those need a bump too. Which packages, only
+  Pants' graph knows (`./pants dependents`), so Pants runs only when a range did change.
 
 Changes come from git (`git diff <tag>` on the package directory, plus untracked files), not from
 Pants' changed set: a release is the package directory's files, while Pants' `--changed-since`
 with dependents would also flag every stage when qnn_common changes, which the range rule above
-handles exactly. Stdlib only: CI runs it before Pants is bootstrapped.
+handles exactly. Stdlib only, and Pants only for a changed range: CI runs it in seconds.
 
 Usage: python3 build-support/version_policy.py [--repo DIR]; exit 1 on a violation.
 """
@@ -37,6 +40,8 @@ ARTIFACT = re.compile(r'python_artifact\([^)]*?name="([^"]+)"[^)]*?version="([^"
 DUNDER_VERSION = re.compile(r'^__version__\s*=\s*"([^"]+)"', re.M)
 IMPORT = re.compile(r"^\s*(?:from|import)\s+(qnn_\w+)", re.M)
 VERSION = re.compile(r"^(\d+)\.(\d+)\.(\d+)$")
+REQUIREMENTS = "3rdparty/python/requirements.txt"
+REQUIREMENT_TARGET = "3rdparty/python:reqs#{}"
 
 
 @dataclass(frozen=True)
@@ -203,16 +208,67 @@ def changelog_problem(repo: Path, package: Package) -> str | None:
     return None
 
 
+def requirement_lines(text: str | None) -> dict[str, str]:
+    """requirements.txt as normalized project name -> its line (spec and marker)."""
+    out: dict[str, str] = {}
+    for raw in (text or "").splitlines():
+        line = raw.split("#", 1)[0].strip()
+        match = re.match(r"^([A-Za-z0-9][A-Za-z0-9._-]*)", line)
+        if match:
+            out[re.sub(r"[-_.]+", "-", match[1]).lower()] = re.sub(r"\s+", "", line)
+    return out
+
+
+def changed_ranges(repo: Path, tag: str) -> list[str]:
+    """Projects whose requirements.txt line differs between the tag and the working tree."""
+    old = requirement_lines(read(repo, REQUIREMENTS, tag))
+    new = requirement_lines(read(repo, REQUIREMENTS, None))
+    return sorted(name for name in new.keys() | old.keys() if old.get(name) != new.get(name))
+
+
+class Dependents:
+    """Which packages' shipped modules depend on a requirement: `./pants dependents`, memoized."""
+
+    def __init__(self, repo: Path, pants: str) -> None:
+        self.repo, self.pants = repo, pants
+        self.memo: dict[str, set[str]] = {}
+
+    def packages(self, projects: list[str]) -> dict[str, set[str]]:
+        """project -> package directories whose shipped sources depend on it directly."""
+        todo = [p for p in projects if p not in self.memo]
+        for project in todo:
+            proc = subprocess.run(
+                [self.pants, "dependents", REQUIREMENT_TARGET.format(project)],
+                cwd=self.repo, capture_output=True, text=True, check=False,
+            )
+            if proc.returncode != 0:
+                raise SystemExit(
+                    f"version-policy: `{self.pants} dependents "
+                    f"{REQUIREMENT_TARGET.format(project)}` failed (exit {proc.returncode}); "
+                    f"{REQUIREMENTS} changed, and only Pants knows which packages use it:\n"
+                    f"{proc.stderr[-2000:]}"
+                )
+            found: set[str] = set()
+            for address in proc.stdout.split():
+                path = address.split(":", 1)[0]
+                parts = path.split("/")
+                if path.startswith(f"{SRC}/") and len(parts) > 3 and ships(path):
+                    found.add(parts[2])
+            self.memo[project] = found
+        return {p: self.memo[p] for p in projects}
+
+
 def compatible(version: str, base: str) -> bool:
     """`version` satisfies `~=base` (base X.Y.Z: >= base, == X.Y.*)."""
     v, b = parse_version(version), parse_version(base)
     return v >= b and v[:2] == b[:2]
 
 
-def check(repo: Path) -> tuple[list[str], list[str]]:
+def check(repo: Path, pants: str = "./pants") -> tuple[list[str], list[str]]:
     """(violations, notes) for the working tree of `repo`."""
     errors: list[str] = []
     notes: list[str] = []
+    dependents = Dependents(repo, pants)
     current = packages(repo)
     dirs = set(current)
     for package in current.values():
@@ -234,6 +290,10 @@ def check(repo: Path) -> tuple[list[str], list[str]]:
             )
             continue
         files = changed_files(repo, release.tag, package.directory)
+        ranges = changed_ranges(repo, release.tag)
+        if ranges:
+            used = dependents.packages(ranges)
+            files += [f"{REQUIREMENTS} ({p})" for p in ranges if package.directory in used[p]]
         tagged, now = parse_version(release.version), parse_version(package.version)
         breaking = breaking_changes(repo, release.tag, files)
         patch = f"{tagged[0]}.{tagged[1]}.{tagged[2] + 1}"
@@ -287,9 +347,11 @@ def check(repo: Path) -> tuple[list[str], list[str]]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repo", type=Path, default=Path.cwd(), help="default: the cwd")
+    parser.add_argument("--pants", default="./pants",
+                        help="run when a requirements.txt range changed (default: ./pants)")
     args = parser.parse_args(argv)
     repo = Path(git(args.repo, "rev-parse", "--show-toplevel").strip())
-    errors, notes = check(repo)
+    errors, notes = check(repo, args.pants)
     for note in notes:
         print(f"version-policy: {note}")
     for error in errors:

@@ -179,3 +179,35 @@ def test_a_compatible_qnn_common_release_needs_no_stage_bump(released: Path) -> 
     run = policy(released)
     assert run.returncode == 0, run.stderr
     assert "qnn-quant 0.1.0: unchanged since qnn-quant-v0.1.0" in run.stdout
+
+
+def test_a_changed_range_needs_a_bump_of_the_packages_that_use_it(repo: Path) -> None:
+    write(repo, "3rdparty/python/requirements.txt", "torch>=2.13,<2.14\ntqdm>=4.66,<5\n")
+    commit(repo, "requirements")
+    git(repo, "tag", "qnn-common-v0.1.0")
+    git(repo, "tag", "qnn-quant-v0.1.0")
+    # Pants' graph, stubbed: which targets depend on the requirement (the real call is
+    # `./pants dependents 3rdparty/python:reqs#torch`; tests and other packages' files vary).
+    calls = repo.parent / "pants-calls.txt"
+    stub = repo.parent / "pants-stub"
+    stub.write_text(
+        "#!/bin/sh\n"
+        f'echo "$@" >> {calls}\n'
+        'case "$2" in *#torch) echo src/python/qnn_quant/api.py; '
+        "echo src/python/qnn_quant/api_test.py:tests; echo tests/e2e/e2e_test.py:tests;; esac\n"
+    )
+    stub.chmod(0o755)
+    run = subprocess.run([sys.executable, str(SCRIPT), "--repo", str(repo), "--pants", str(stub)],
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert not calls.exists(), "Pants ran although no range changed"
+
+    write(repo, "3rdparty/python/requirements.txt", "torch>=2.13,<2.15\ntqdm>=4.66,<5\n")
+    commit(repo, "torch 2.14 admitted")
+    run = subprocess.run([sys.executable, str(SCRIPT), "--repo", str(repo), "--pants", str(stub)],
+                         capture_output=True, text=True)
+    assert run.returncode == 1
+    assert "ERROR qnn-quant: 1 shipped file(s) changed since qnn-quant-v0.1.0 " \
+        "(3rdparty/python/requirements.txt (torch)) but the version is still 0.1.0" in run.stderr
+    assert "ERROR qnn-common" not in run.stderr
+    assert calls.read_text().split("\n")[0] == "dependents 3rdparty/python:reqs#torch"
