@@ -12,79 +12,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
+from releasing.throwaway import API, commit, git, set_version, write
 
 SCRIPT = Path(__file__).resolve().parents[2] / "build-support" / "version_policy.py"
-
-BUILD = """\
-python_sources()
-
-python_distribution(
-    name="dist",
-    dependencies=[":{pkg}"],
-    provides=python_artifact(name="{dist}", version="{version}"),
-)
-"""
-API = {
-    "qnn_common": "def load(path: str) -> str:\n    return path\n",
-    "qnn_quant": "from qnn_common.api import load\n\n\n"
-    "def quantize(path: str) -> str:\n    return load(path)\n",
-}
-
-
-def git(repo: Path, *args: str) -> None:
-    subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True)
-
-
-def write(repo: Path, rel: str, text: str) -> None:
-    path = repo / rel
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
-
-
-def set_version(repo: Path, pkg: str, version: str, *, changelog: bool = True) -> None:
-    dist = pkg.replace("_", "-")
-    base = f"src/python/{pkg}"
-    write(repo, f"{base}/BUILD", BUILD.format(pkg=pkg, dist=dist, version=version))
-    write(repo, f"{base}/__init__.py", f'__version__ = "{version}"\n')
-    if changelog:
-        log = repo / base / "CHANGELOG.md"
-        old = log.read_text().split("\n", 2)[2] if log.exists() else ""
-        write(repo, f"{base}/CHANGELOG.md", f"# {dist}\n\n## {version}\n\n- changes\n\n{old}")
-
-
-def commit(repo: Path, message: str) -> None:
-    git(repo, "add", "-A")
-    git(repo, "commit", "-qm", message)
 
 
 def policy(repo: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, str(SCRIPT), "--repo", str(repo)], capture_output=True, text=True
     )
-
-
-@pytest.fixture
-def repo(tmp_path: Path) -> Path:
-    """Two packages at 0.1.0, committed; no release yet."""
-    repo = tmp_path / "repo"
-    repo.mkdir()
-    git(repo, "init", "-q", "-b", "main")
-    git(repo, "config", "user.email", "ci@example.invalid")
-    git(repo, "config", "user.name", "CI")
-    for pkg, api in API.items():
-        set_version(repo, pkg, "0.1.0")
-        write(repo, f"src/python/{pkg}/api.py", api)
-        write(repo, f"src/python/{pkg}/api_test.py", "def test_nothing() -> None:\n    pass\n")
-    commit(repo, "packages at 0.1.0")
-    return repo
-
-
-@pytest.fixture
-def released(repo: Path) -> Path:
-    git(repo, "tag", "qnn-common-v0.1.0")
-    git(repo, "tag", "qnn-quant-v0.1.0")
-    return repo
 
 
 def test_unreleased_packages_pass_and_say_how_the_first_release_is_tagged(repo: Path) -> None:
