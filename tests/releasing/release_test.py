@@ -2,7 +2,8 @@
 with `./pants package` and uploads them with twine to a pypiserver on 127.0.0.1; a fresh venv then
 `pip install qnn-quant` from that index (no fallback to PyPI for our names; PyPI as the
 third-party index, torch from /opt/wheels) gets exactly qnn-quant and qnn-common, no QNN SDK,
-and its CLI quantizes a real model.
+and its CLI quantizes a real model; then, after a qnn-common 0.1.1 release, the released
+qnn-quant 0.1.0 runs again with the newest qnn-common its range admits.
 
 1.6-2.6 minutes on 2 cores (a nested `./pants package`, torch and executorch from PyPI and the
 disk into a new venv), close to the ~3 minutes that keep a test off every push, and it needs
@@ -221,4 +222,42 @@ def test_release_then_install_from_the_index(tools: Path, index: str, repo: Path
     assert str(venv) in _timed("which qnn_quant", [str(venv / "bin/python"), "-c",
                                                    "import qnn_quant; print(qnn_quant.__file__)"]
                                ).stdout
+
+    # Compatibility: the released qnn-quant 0.1.0 was installed with the oldest qnn-common its
+    # range (~=0.1.0) admits; a qnn-common 0.1.1 released later is the newest, and pip takes it.
+    _release_qnn_common_patch(repo, tools, index)
+    _timed("pip install --upgrade qnn-common", [
+        str(venv / "bin/pip"), "install", "--disable-pip-version-check", "--quiet", "--upgrade",
+        "--index-url", f"{index}/simple/", "--extra-index-url", "https://pypi.org/simple/",
+        "--find-links", str(TORCH_WHEELS), "-c", str(pins), "qnn-common"], timeout=900)
+    versions = _timed("versions", [str(venv / "bin/python"), "-c",
+                                   "import qnn_common, qnn_quant; "
+                                   "print(qnn_common.__version__, qnn_quant.__version__)"]).stdout
+    assert versions.split() == ["0.1.1", "0.1.0"], versions
+    _timed("qnn-quant 0.1.0 with qnn-common 0.1.1", [
+        str(venv / "bin/qnn-quant"), str(prep), "--recipe", "8a8w", "-o",
+        str(tmp_path / "quant-newest-common")], timeout=900)
     print("seconds per step:", json.dumps(TIMINGS))
+
+
+def _release_qnn_common_patch(repo: Path, tools: Path, index: str) -> None:
+    """qnn-common 0.1.1 (a shipped change, bumped as the version policy wants), released."""
+    base = repo / "src/python/qnn_common"
+    for name in ("BUILD", "__init__.py"):
+        path = base / name
+        text = path.read_text()
+        assert text.count('"0.1.0"') == 1, f"{path}: expected one version string"
+        path.write_text(text.replace('"0.1.0"', '"0.1.1"'))
+    (base / "__init__.py").write_text((base / "__init__.py").read_text() + "# 0.1.1\n")
+    log = base / "CHANGELOG.md"
+    head, _, rest = log.read_text().partition("## 0.1.0")
+    log.write_text(f"{head}## 0.1.1\n\n- A patch release.\n\n## 0.1.0{rest}")
+    for args in (["add", "-A"], ["-c", "user.email=ci@example.invalid", "-c", "user.name=CI",
+                                 "commit", "-qm", "qnn-common 0.1.1"],
+                 ["tag", "qnn-common-v0.1.1"]):
+        subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True)
+    done = _timed("release qnn-common 0.1.1", [
+        str(tools / "python"), "build-support/release_package.py", "qnn-common-v0.1.1",
+        "--repository-url", f"{index}/"], cwd=repo,
+        env=_env(TWINE_USERNAME="ci", TWINE_PASSWORD="unused"), timeout=1500)
+    assert "qnn-common-v0.1.1: uploaded qnn_common-0.1.1-py3-none-any.whl" in done.stdout
