@@ -5,8 +5,10 @@ Requires-Dist); the exact versions live in the lockfile alone. Pants resolves th
 these constraints ([python].resolves_to_constraints_file), so regenerating it after a range edit
 changes no pin, and torch stays the CPU wheel from find_links instead of PyPI's CUDA build.
 
-Upgrading a package on purpose: delete its line here (and those of dependencies that must
-move with it), `./pants generate-lockfiles --resolve=python-default`, then rerun this script.
+Upgrading on purpose: `--upgrade transformers [more]` drops their lines (name those of
+dependencies that must move with them too), regenerates the lock, writes the new pins here and
+regenerates once more (Pants records the constraints in the lock's header and refuses a lock whose
+constraints file changed since; the second run moves no pin), then prints the pins that moved.
 `--check` fails if constraints.txt and the lock disagree (CI runs it).
 """
 
@@ -14,6 +16,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -43,10 +47,48 @@ def render(pins: dict[str, str]) -> str:
     return HEADER + "".join(f"{name}=={pins[name]}\n" for name in sorted(pins))
 
 
+def normalized(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def generate_lock() -> None:
+    cmd = ["./pants", "generate-lockfiles", "--resolve=python-default"]
+    if subprocess.run(cmd, cwd=ROOT, check=False).returncode != 0:
+        raise SystemExit(f"lock_constraints: {' '.join(cmd)} failed; constraints.txt is left "
+                         "without the upgraded lines: fix the cause, then rerun --upgrade")
+
+
+def upgrade(projects: list[str]) -> int:
+    before = locked_pins(LOCK.read_text())
+    wanted = {normalized(p) for p in projects}
+    unknown = wanted - {normalized(n) for n in before}
+    if unknown:
+        print(f"lock_constraints: not in the lock: {', '.join(sorted(unknown))}", file=sys.stderr)
+        return 1
+    kept = {n: v for n, v in before.items() if normalized(n) not in wanted}
+    CONSTRAINTS.write_text(render(kept))
+    generate_lock()
+    after = locked_pins(LOCK.read_text())
+    CONSTRAINTS.write_text(render(after))
+    generate_lock()
+    if locked_pins(LOCK.read_text()) != after:
+        print("lock_constraints: the second lock moved pins; inspect the lockfile diff",
+              file=sys.stderr)
+        return 1
+    for name in sorted(before.keys() | after.keys()):
+        if before.get(name) != after.get(name):
+            print(f"{name}: {before.get(name, '-')} -> {after.get(name, '-')}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="fail if the file is out of date")
+    parser.add_argument("--upgrade", nargs="+", metavar="PROJECT",
+                        help="let these move to the newest versions their ranges admit")
     args = parser.parse_args(argv)
+    if args.upgrade:
+        return upgrade(args.upgrade)
     wanted = render(locked_pins(LOCK.read_text()))
     if args.check:
         current = CONSTRAINTS.read_text() if CONSTRAINTS.exists() else ""
