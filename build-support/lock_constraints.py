@@ -5,10 +5,11 @@ Requires-Dist); the exact versions live in the lockfile alone. Pants resolves th
 these constraints ([python].resolves_to_constraints_file), so regenerating it after a range edit
 changes no pin, and torch stays the CPU wheel from find_links instead of PyPI's CUDA build.
 
-Upgrading on purpose: `--upgrade transformers [more]` drops their lines (name those of
-dependencies that must move with them too), regenerates the lock, writes the new pins here and
-regenerates once more (Pants records the constraints in the lock's header and refuses a lock whose
-constraints file changed since; the second run moves no pin), then prints the pins that moved.
+Upgrading on purpose (or adding a requirement): `--upgrade transformers [more]` drops their
+lines (name those of dependencies that must move with them too), regenerates the lock, writes
+the new pins here and regenerates once more (Pants records the constraints in the lock's header
+and refuses a lock whose constraints file changed since; the second run moves no pin), then
+prints the pins that moved.
 `--check` fails if constraints.txt and the lock disagree (CI runs it).
 """
 
@@ -61,10 +62,11 @@ def generate_lock() -> None:
 def upgrade(projects: list[str]) -> int:
     before = locked_pins(LOCK.read_text())
     wanted = {normalized(p) for p in projects}
-    unknown = wanted - {normalized(n) for n in before}
-    if unknown:
-        print(f"lock_constraints: not in the lock: {', '.join(sorted(unknown))}", file=sys.stderr)
-        return 1
+    # A project not locked yet (just added to requirements.txt) has no pin to drop: it resolves
+    # freely like the upgraded ones.
+    new = wanted - {normalized(n) for n in before}
+    if new:
+        print(f"lock_constraints: not locked yet, resolved freely: {', '.join(sorted(new))}")
     kept = {n: v for n, v in before.items() if normalized(n) not in wanted}
     CONSTRAINTS.write_text(render(kept))
     generate_lock()
