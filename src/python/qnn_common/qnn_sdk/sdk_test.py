@@ -107,5 +107,11 @@ def test_no_sdk_at_all_says_what_is_missing(monkeypatch: pytest.MonkeyPatch) -> 
     with pytest.raises(BackendNotAvailableError) as info:
         find_qnn_sdk()
     message = str(info.value)
-    for expected in ("QNN_SDK_ROOT", "onnxruntime-qnn==2.7.0", "qnn-sdk-setup"):
+    for expected in (
+        "QNN_SDK_ROOT",
+        "onnxruntime-qnn==2.7.0",
+        "pip install 'qnn-common[qnn-dev-sdk]'",
+        "pip install 'qnn-compile[qnn-dev-sdk]'",
+        "qnn-sdk-setup",
+    ):
         assert expected in message
