@@ -32,6 +32,7 @@ from qnn_compile.backends import BackendLowering
 from qnn_compile.cia_ops import materializing_once
 from qnn_compile.decompositions import check_kernels, check_ranks, decompose
 from qnn_compile.native_log import NativeLog
+from qnn_compile.partition_legalize import legalizing_in_place
 from qnn_compile.partition_merge import merging_in_linear_checks
 from qnn_compile.partition_recompile import recompiling_once
 from qnn_compile.provenance import sharing_node_sources
@@ -94,8 +95,9 @@ def lower_program(
 
     `share_provenance=False` lowers with torch's own per-pass deep copies of every node's
     provenance (`qnn_compile.provenance`), `fast_partitioning=False` with ExecuTorch's own
-    partition merge (`qnn_compile.partition_merge`) and a code generation per partition cut
-    (`qnn_compile.partition_recompile`), `materialize_cia_once=False` with torch materializing
+    partition merge (`qnn_compile.partition_merge`) and a code generation and a copy of the
+    whole graph per partition cut (`qnn_compile.partition_recompile`,
+    `qnn_compile.partition_legalize`), `materialize_cia_once=False` with torch materializing
     its CompositeImplicitAutograd ops once per op namespace per query (`qnn_compile.cia_ops`):
     the same bytes, slower; for comparisons (bench/).
 
@@ -116,7 +118,8 @@ def lower_program(
     """
     # 25 % of lowering was copying provenance (qnn_compile.provenance); the stock partition
     # merge is cubic in a decoder's depth, cutting the partitions quadratic
-    # (qnn_compile.partition_merge, qnn_compile.partition_recompile); on small programs most
+    # (qnn_compile.partition_merge, qnn_compile.partition_recompile,
+    # qnn_compile.partition_legalize); on small programs most
     # of `run_decompositions` was torch walking its CIA ops once per op namespace
     # (qnn_compile.cia_ops).
     # No autograd: serializing a program that updates a buffer in place from parameters that
@@ -128,6 +131,7 @@ def lower_program(
         sharing_node_sources() if share_provenance else contextlib.nullcontext(),
         merging_in_linear_checks() if fast_partitioning else contextlib.nullcontext(),
         recompiling_once() if fast_partitioning else contextlib.nullcontext(),
+        legalizing_in_place() if fast_partitioning else contextlib.nullcontext(),
     ):
         return _lower(ep, lowering, etrecord_path, check_ir)
 
