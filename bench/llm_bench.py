@@ -90,7 +90,7 @@ def _run(model: str, recipe: str, work: Path, args: argparse.Namespace) -> dict[
     row["argmax_agreement_vs_eager"] = metrics["accuracy"]["vs_fp32"]["argmax_agreement"]
     row["perplexity"] = metrics["accuracy"]["perplexity"]  # held-out text: fp32, fake quant, .pte
     row["pte_bytes"] = (comp / "model.pte").stat().st_size
-    row["separate_pte_bytes"] = _separate_size(source, recipe)
+    row["separate_pte_bytes"] = None if args.no_separate else _separate_size(source, recipe)
     return row
 
 
@@ -123,6 +123,10 @@ def _llama_cpp(python: str, model_dir: Path, args: argparse.Namespace) -> dict[s
     return result
 
 
+def _bytes(n: int | None) -> str:
+    return "-" if n is None else f"{n:,}"
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="tiny-llama")
@@ -136,6 +140,9 @@ def main() -> None:
     p.add_argument("--llama-cpp-python", metavar="PYTHON",
                    help=f"an interpreter with llama-cpp-python: compare with llama.cpp on the "
                    f"GGUF file ({SMOLLM2} only)")
+    p.add_argument("--no-separate", action="store_true",
+                   help="skip lowering prefill and decode again as two files (the shared-weights "
+                   "size check: two more compiles, minutes on a real model)")
     p.add_argument("--json", type=Path, help="write the results here")
     args = p.parse_args()
     if args.llama_cpp_python and args.model != SMOLLM2:
@@ -184,7 +191,7 @@ def main() -> None:
               + f"{g['prefill_tokens_per_s']:.0f} | "
               f"{g['ttft_ms']:.1f} | {r['argmax_agreement_vs_eager']:.3f} | "
               f"{r['perplexity']['program']:.3f} ({r['perplexity']['fp32']:.3f}) | "
-              f"{r['pte_bytes']:,} ({r['separate_pte_bytes']:,}) | {stages} | {rss} |")
+              f"{r['pte_bytes']:,} ({_bytes(r['separate_pte_bytes'])}) | {stages} | {rss} |")
 
 
 if __name__ == "__main__":

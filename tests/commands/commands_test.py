@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from support.checkout_copy import copy_checkout
+
 # What `./pants` needs, and all it needs, from the checkout.
 REPO_ENTRIES = ("pants", "pants.toml", "pants.ci.toml", "pants.remote.toml", "BUILD", "ruff.toml",
                 "mypy.ini",
@@ -64,15 +66,7 @@ def _env() -> dict[str, str]:
 def repo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     root = tmp_path_factory.mktemp("commands") / "repo"
     source = _source_root()
-    for entry in REPO_ENTRIES:
-        src = source / entry
-        if src.is_dir():
-            shutil.copytree(src, root / entry, ignore=shutil.ignore_patterns(
-                ".bootstrap", "__pycache__", "*.pyc"))
-        else:
-            root.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src, root / entry)
-    (root / "pants").chmod(0o755)
+    copy_checkout(source, root, REPO_ENTRIES)
     home = Path(os.environ.get("HOME", root))
     cache = Path(os.environ.get("QNN_PANTS_CACHE", home / ".cache" / "qnn-pants"))
     # The launcher builds the pex tool from PyPI into each build root (~10 s); one kept copy,

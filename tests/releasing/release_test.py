@@ -3,7 +3,10 @@ with `./pants package` and uploads them with twine to a pypiserver on 127.0.0.1;
 `pip install qnn-quant` from that index (no fallback to PyPI for our names; PyPI as the
 third-party index, torch from /opt/wheels) gets exactly qnn-quant and qnn-common, no QNN SDK,
 and its CLI quantizes a real model; then, after a qnn-common 0.1.1 release, the released
-qnn-quant 0.1.0 runs again with the newest qnn-common its range admits.
+qnn-quant 0.1.0 runs again with the newest qnn-common its range admits. The second test releases
+the other stages and runs every command the README shows (the stages alone, the pipeline, a sweep
+on a local Ray, qnn-sdk-setup) from `pip install 'qnn-pipeline[qnn-dev-sdk]'` in a fresh venv
+(issue 24: the commands outside a PEX, as a user installs them).
 
 1.6-2.6 minutes on 2 cores (a nested `./pants package`, torch and executorch from PyPI and the
 disk into a new venv), close to the ~3 minutes that keep a test off every push, and it needs
@@ -28,6 +31,7 @@ from pathlib import Path
 import pytest
 
 from qnn_prepare import cli as prepare_cli
+from support.checkout_copy import copy_checkout
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("QNN_RELEASE_TEST") != "1",
@@ -142,15 +146,7 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A git clone-alike of the checkout with the two release tags on HEAD."""
     root = tmp_path_factory.mktemp("release") / "repo"
     source = Path.cwd()
-    for entry in REPO_ENTRIES:
-        src = source / entry
-        if src.is_dir():
-            shutil.copytree(src, root / entry, ignore=shutil.ignore_patterns(
-                ".bootstrap", "__pycache__", "*.pyc"))
-        else:
-            root.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src, root / entry)
-    (root / "pants").chmod(0o755)
+    copy_checkout(source, root, REPO_ENTRIES)
     (root / ".gitignore").write_text("/dist/\n/.pants.d/\n/.pids/\n/build-support/.bootstrap/\n"
                                      "__pycache__/\n/.pants.workdir.file_lock*\n")
     kept = _cache() / "commands-test" / PEX_NAME  # the launcher's pex tool, as tests/commands
@@ -261,3 +257,75 @@ def _release_qnn_common_patch(repo: Path, tools: Path, index: str) -> None:
         "--repository-url", f"{index}/"], cwd=repo,
         env=_env(TWINE_USERNAME="ci", TWINE_PASSWORD="unused"), timeout=1500)
     assert "qnn-common-v0.1.1: uploaded qnn_common-0.1.1-py3-none-any.whl" in done.stdout
+
+
+STAGES = ("qnn-prepare", "qnn-compile", "qnn-infer", "qnn-pipeline")
+
+
+def _released(index: str, name: str) -> bool:
+    try:
+        _get(f"{index}/simple/{name}/")
+        return True
+    except OSError:
+        return False
+
+
+def test_every_command_from_the_installed_wheels(tools: Path, index: str, repo: Path,
+                                                 tmp_path: Path) -> None:
+    """Issue 24: the commands the README shows, from `pip install 'qnn-pipeline[qnn-dev-sdk]'`
+    in a fresh venv (not through `./pants run`): the stages alone, the pipeline, a sweep on a
+    local Ray and qnn-sdk-setup, each on tiny-cnn."""
+    tags = [f"{name}-v0.1.0" for name in STAGES]
+    # What the round trip above released already stays as it is (an index refuses a file
+    # twice); alone (-k), this test releases qnn-common and qnn-quant too.
+    tags += [f"{n}-v0.1.0" for n in ("qnn-common", "qnn-quant") if not _released(index, n)]
+    for tag in tags:
+        subprocess.run(["git", "tag", "-f", tag], cwd=repo, check=True, capture_output=True)
+    _timed("release the stages", [
+        str(tools / "python"), "build-support/release_package.py", *tags,
+        "--repository-url", f"{index}/"], cwd=repo,
+        env=_env(TWINE_USERNAME="ci", TWINE_PASSWORD="unused"), timeout=1500)
+
+    venv = tmp_path / "venv"
+    _timed("fresh venv", [shutil.which("python3.11") or "python3", "-m", "venv", str(venv)])
+    pins = tmp_path / "constraints.txt"
+    pins.write_text("torch==2.13.0+cpu\n")
+    _timed("pip install qnn-pipeline[qnn-dev-sdk]", [
+        str(venv / "bin/pip"), "install", "--disable-pip-version-check", "--quiet",
+        "--index-url", f"{index}/simple/", "--extra-index-url", "https://pypi.org/simple/",
+        "--find-links", str(TORCH_WHEELS), "-c", str(pins), "qnn-pipeline[qnn-dev-sdk]"],
+        env=_env(), timeout=1800)
+    bin_ = venv / "bin"
+    out = tmp_path / "out"
+    # A clean environment: nothing of this checkout or of the outer Pants on the path.
+    env = _env(QNN_SDK_ROOT="")
+    _timed("qnn-prepare", [str(bin_ / "qnn-prepare"), "--model", "tiny-cnn", "-o",
+                           str(out / "prep"), "--calibration-samples", "4", "--eval-samples",
+                           "2"], env=env, timeout=900)
+    _timed("qnn-quant", [str(bin_ / "qnn-quant"), str(out / "prep"), "--recipe", "8a8w", "-o",
+                         str(out / "quant"), "--report-layers", "0"], env=env, timeout=900)
+    _timed("qnn-compile", [str(bin_ / "qnn-compile"), str(out / "quant"), "--backend", "xnnpack",
+                           "-o", str(out / "comp")], env=env, timeout=900)
+    _timed("qnn-infer", [str(bin_ / "qnn-infer"), str(out / "comp"), "-o", str(out / "infer"),
+                         "--runs", "3"], env=env, timeout=900)
+    for stage in ("prep", "quant", "comp", "infer"):
+        assert (out / stage / "manifest.json").is_file(), stage
+
+    piped = _timed("qnn-pipeline", [
+        str(bin_ / "qnn-pipeline"), "--model", "tiny-cnn", "--calibration-samples", "4",
+        "--runs", "3", "--out", str(out / "pipeline")], env=env, timeout=900)
+    assert "summary:" in piped.stdout + piped.stderr
+    summary = json.loads((out / "pipeline" / "summary.json").read_text())
+    assert summary["accuracy"]["ok"] is True, summary
+
+    _timed("qnn-pipeline sweep", [
+        str(bin_ / "qnn-pipeline"), "sweep", "--model", "tiny-cnn", "--recipe", "8a8w",
+        "--jobs", "2", "--runs", "3", "--threads", "1", "--calibration-samples", "4",
+        "--out", str(out / "sweep"), "--no-progress"], env=env, timeout=1200)
+    cells = json.loads((out / "sweep" / "sweep.json").read_text())["cells"]
+    assert [c["status"] for c in cells] == ["ok"], cells
+
+    sdk = _timed("qnn-sdk-setup", [str(bin_ / "qnn-sdk-setup"), "--print-root"], env=env,
+                 timeout=900)
+    assert Path(sdk.stdout.strip().splitlines()[-1]).is_dir(), sdk.stdout
+    print("seconds per step:", json.dumps(TIMINGS))

@@ -165,10 +165,10 @@ def _torchao_weight(weight: torch.Tensor, config: Any) -> nn.Parameter:
     return holder.weight
 
 
-def _add_param(gm: torch.fx.GraphModule, wanted: str, value: torch.Tensor) -> str:
-    """Register `value` as a frozen parameter under a free name near `wanted`; its name."""
-    name = _free_name(gm, wanted)
-    *parents, leaf = name.split(".")
+def _owner(gm: torch.fx.GraphModule, dotted: str) -> tuple[nn.Module, str]:
+    """The module that holds attribute `dotted` of `gm` (empty parent modules created as
+    needed), and the attribute's own name."""
+    *parents, name = dotted.split(".")
     owner: nn.Module = gm
     for part in parents:
         child = getattr(owner, part, None)
@@ -176,6 +176,13 @@ def _add_param(gm: torch.fx.GraphModule, wanted: str, value: torch.Tensor) -> st
             child = nn.Module()
             owner.add_module(part, child)
         owner = child
+    return owner, name
+
+
+def _add_param(gm: torch.fx.GraphModule, wanted: str, value: torch.Tensor) -> str:
+    """Register `value` as a frozen parameter under a free name near `wanted`; its name."""
+    name = _free_name(gm, wanted)
+    owner, leaf = _owner(gm, name)
     owner.register_parameter(leaf, nn.Parameter(value, requires_grad=False))
     return name
 
@@ -236,14 +243,7 @@ def _set_weight(gm: torch.fx.GraphModule, dotted: str, value: nn.Parameter) -> N
     from torch.nn.utils import parametrize
     from torchao.utils import UnwrapTensorSubclass
 
-    *parents, name = dotted.split(".")
-    owner: nn.Module = gm
-    for part in parents:
-        child = getattr(owner, part, None)
-        if not isinstance(child, nn.Module):
-            child = nn.Module()
-            owner.add_module(part, child)
-        owner = child
+    owner, name = _owner(gm, dotted)
     if name in owner._parameters:
         del owner._parameters[name]
     elif hasattr(owner, name):
