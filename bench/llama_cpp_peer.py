@@ -41,11 +41,17 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--n-ctx", type=int, default=512)
     p.add_argument("--runs", type=int, default=3)
+    # 1: a llama.cpp built natively here (llama-cpp-python's sdist, AMX / AVX-512 kernels) dies
+    # of a general protection fault in libggml-cpu on any batch of more than one token, so the
+    # prompt is fed a token at a time: its prefill and TTFT are then not its best; decode, one
+    # token per call anyway, is unaffected.
+    p.add_argument("--batch", type=int, default=1, help="tokens per llama.cpp batch")
     args = p.parse_args()
     from llama_cpp import Llama  # pants: no-infer-dep (a bench-only interpreter has it)
 
     llm = Llama(model_path=args.gguf, n_ctx=args.n_ctx, n_threads=args.threads,
-                n_threads_batch=args.threads, n_batch=args.n_ctx, seed=0, verbose=False)
+                n_threads_batch=args.threads, n_batch=args.batch, n_ubatch=args.batch, seed=0,
+                verbose=False)
     prompt = [int(t) for t in args.prompt_ids.split(",")]
     runs = [_greedy(llm, prompt, args.new_tokens) for _ in range(args.runs)]
     prompt_s = min(r[0] for r in runs)

@@ -157,9 +157,10 @@ def main() -> None:
         else:
             model_dir = Path(args.model)
         eager = _eager_decode_tokens_per_s(model_dir, args.new_tokens, args.runs)
-        rows = [_run(args.model, r, work, args) for r in args.recipes]
+        # First: a peer that cannot run fails the bench before minutes of compiles.
         peer = None if not args.llama_cpp_python else _llama_cpp(
             args.llama_cpp_python, model_dir, args)
+        rows = [_run(args.model, r, work, args) for r in args.recipes]
     result = {
         "model": args.model, "machine": f"{platform.machine()}, {os.cpu_count()} cores",
         "date": time.strftime("%Y-%m-%d"), "torch": torch.__version__,
