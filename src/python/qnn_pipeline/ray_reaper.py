@@ -12,6 +12,13 @@ whose stdin is a pipe only the sweep holds. The pipe reads EOF when the sweep cl
 `ray.shutdown()`, or when the kernel closes it because the sweep died, however; the watcher then
 kills every process whose environment carries the token, so nothing of another Ray (or anything
 else) on the machine is touched.
+
+The agents' own environment no longer shows the token: each sets its process title
+(`ray::DashboardAgent`), which overwrites the memory `/proc/<pid>/environ` reads. So while the
+sweep lives, the watcher also notes every descendant of a marked process (the agents are the
+raylet's children) with its start time, and kills those too, unless the PID now names another
+process. Without that, the agents outlived a killed sweep until they noticed on their own: under
+a CPU hog, longer than 45 s (`tests/reliability/ray_fate_test.py`).
 """
 
 from __future__ import annotations
@@ -29,19 +36,48 @@ ENV_MARK = "QNN_PIPELINE_RAY_TOKEN"
 # The watcher imports nothing of this project (a PEX or a venv runs it the same way) and nothing
 # heavy: it starts in a fraction of a second and only waits.
 _WATCHER = """
-import os, signal, sys
+import os, select, signal, sys
 mark, sweep = sys.argv[1].encode(), int(sys.argv[2])
 signal.signal(signal.SIGINT, signal.SIG_IGN)
-sys.stdin.buffer.read()  # EOF: the sweep shut Ray down and closed the pipe, or it died
-for entry in os.listdir("/proc"):
-    if not entry.isdigit() or int(entry) in (os.getpid(), sweep):
-        continue
-    try:
-        with open(f"/proc/{entry}/environ", "rb") as fh:
-            if mark in fh.read().split(b"\\0"):
-                os.kill(int(entry), signal.SIGKILL)
-    except OSError:
-        pass  # gone already, or not ours to read
+
+def processes():
+    # pid -> (parent pid, start time, marked) of every process we may read.
+    out = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) in (os.getpid(), sweep):
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as fh:
+                fields = fh.read().rsplit(b")", 1)[1].split()
+            with open(f"/proc/{entry}/environ", "rb") as fh:
+                marked = mark in fh.read().split(b"\\0")
+        except OSError:
+            continue  # gone already, or not ours to read
+        out[int(entry)] = (int(fields[1]), fields[19], marked)
+    return out
+
+def ours(table):
+    # (pid, start time) of the marked processes and of all their descendants.
+    found = {pid for pid, (_, _, marked) in table.items() if marked}
+    grew = True
+    while grew:
+        more = {pid for pid, (parent, _, _) in table.items() if parent in found} - found
+        found |= more
+        grew = bool(more)
+    return {(pid, table[pid][1]) for pid in found}
+
+seen = set()
+while not select.select([sys.stdin], [], [], 1.0)[0]:
+    seen |= ours(processes())
+while sys.stdin.buffer.read1(65536):
+    pass  # EOF: the sweep shut Ray down and closed the pipe, or it died
+table = processes()
+for pid, started in seen | ours(table):
+    if pid in table and table[pid][1] == started:  # still the process we saw
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
 """
 
 
