@@ -149,18 +149,26 @@ def wheels() -> list[Wheel]:
     return [read_wheel(p) for p in paths]
 
 
+@dataclass(frozen=True)
+class Declared:
+    """What the repository declares: requirements.txt's ranges and the lock's pins."""
+
+    ranges: dict[str, SpecifierSet]
+    pins: dict[str, str]
+
+
 @pytest.fixture(scope="module")
-def context() -> dict[str, object]:
+def context() -> Declared:
     reqs = (ROOT / "3rdparty/python/requirements.txt").read_text()
     lock = (ROOT / "3rdparty/python/python-default.lock").read_text()
-    return {"ranges": declared_ranges(reqs), "pins": locked_pins(lock)}
+    return Declared(declared_ranges(reqs), locked_pins(lock))
 
 
 def test_one_wheel_per_package(wheels: list[Wheel]) -> None:
     assert sorted(w.name for w in wheels) == sorted(FIRST_PARTY)
 
 
-def test_wheels_declare_ranges_not_pins(wheels: list[Wheel], context: dict[str, object]) -> None:
+def test_wheels_declare_ranges_not_pins(wheels: list[Wheel], context: Declared) -> None:
     versions = {w.name: w.version for w in wheels}
     found = [
         p
@@ -168,8 +176,8 @@ def test_wheels_declare_ranges_not_pins(wheels: list[Wheel], context: dict[str, 
         for p in problems(
             w,
             versions=versions,
-            ranges=context["ranges"],  # type: ignore[arg-type]
-            pins=context["pins"],  # type: ignore[arg-type]
+            ranges=context.ranges,
+            pins=context.pins,
             requires_python=python_the_tests_run_on(),
         )
     ]
@@ -200,8 +208,8 @@ def test_xnnpack_user_gets_no_qnn_sdk(wheels: list[Wheel]) -> None:
     assert "torch" in third_party
 
 
-def test_constraints_hold_the_lock_pins(context: dict[str, object]) -> None:
-    pins: dict[str, str] = context["pins"]  # type: ignore[assignment]
+def test_constraints_hold_the_lock_pins(context: Declared) -> None:
+    pins = context.pins
     text = (ROOT / "3rdparty/python/constraints.txt").read_text()
     constrained = dict(
         line.split("==", 1) for line in text.splitlines() if line and not line.startswith("#")
