@@ -26,6 +26,7 @@ from qnn_testing.xnnpack_graph import (
     DYNAMIC_INT8_X_BLOCKWISE_INT4,
     DYNAMIC_INT8_X_CHANNEL_INT8,
     FLOAT_FC,
+    cpu_operators,
     node_census,
 )
 
@@ -89,19 +90,28 @@ def test_xnnpack_delegate_holds_every_linear_as_int8_dynamic_x_int4_or_int8(
             FLOAT_FC: DECODER_LINEARS + 2 * 4,
         }, (method, nodes)
     compiled = load_manifest(_artifact(summary, Stage.COMPILE), expect_stage=Stage.COMPILE)
-    # Nothing of the quantization runs outside the delegate: no quantize op, no float linear.
+    # Nothing of the linears' quantization runs outside the delegate: no quantize op, no float
+    # linear; the one dequantize left at the edge is the embedding table's ...
     outside = compiled.metrics["non_delegated_op_counts"]
-    assert not [op for op in outside if "quant" in op or "linear" in op or "mm" in op], outside
+    assert not [op for op in outside if "linear" in op or "mm" in op], outside
+    assert [op for op in outside if "quant" in op] == ["torchao.dequantize_affine.default"]
+    assert outside["torchao.dequantize_affine.default"] == 2  # one lookup per method
+    # ... which the serialized program runs as one int8 lookup kernel per method, rows
+    # dequantized as read: no torchao op and no float table is left.
+    for method, ops in cpu_operators(pte).items():
+        assert ops["quantized_decomposed::embedding_byte.out"] == 1, (method, ops)
+        assert not [op for op in ops if "torchao" in op or op.startswith("aten::embedding")], ops
     quantized = load_manifest(_artifact(summary, Stage.QUANTIZE), expect_stage=Stage.QUANTIZE)
     record = quantized.metrics["8da4w"]
     assert record["group_size"] == 32 and record["linears_kept_float"] == {}
     assert record["group_mapping"] == "asymmetric" and record["offset_parameters"] > 0
     assert [path.rpartition(".")[2] for path in record["linears_int8_weights"]] == ["lm_head"]
+    assert list(record["embeddings"].values()) == ["8w (symmetric, one scale per row)"]
     assert record["linears_quantized"] == 2 * LINEARS_PER_METHOD
     assert quantized.metrics["quantized_op_kinds"] == {"linear": 2 * LINEARS_PER_METHOD}
     assert quantized.metrics["dynamic_ops"] == 2 * LINEARS_PER_METHOD
     # 4-bit weights: the program is well under the fp32 weights' bytes (fp32 tiny-llama .pte:
-    # 524,928 bytes; 8a8w 275,076; measured 8da4w 221,060).
+    # 524,928 bytes; 8a8w 275,076; 8da4w 221,060 with a float embedding table).
     parameters = load_manifest(
         _artifact(summary, Stage.PREPARE), expect_stage=Stage.PREPARE
     ).metrics["parameters"]
@@ -158,8 +168,8 @@ def test_portable_8da4w_computes_what_fake_quant_computes(tmp_path: Path) -> Non
     # values are int8.
     values = {name: t for name, t in program.state_dict.items()
               if name.endswith("parametrizations.weight.original0")}
-    assert len(values) == LINEARS_PER_METHOD
-    four_bit = [t for name, t in values.items() if "lm_head" not in name]
+    assert len(values) == LINEARS_PER_METHOD + 1  # and the embedding table's int8 rows
+    four_bit = [t for name, t in values.items() if "lm_head" not in name and "embed" not in name]
     assert len(four_bit) == DECODER_LINEARS
     assert all(t.dtype == torch.int8 and int(t.min()) >= -8 and int(t.max()) <= 7
                for t in four_bit)

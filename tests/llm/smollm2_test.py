@@ -25,6 +25,7 @@ from qnn_prepare.smollm2 import SMOLLM2, gguf_path, save_smollm2
 from qnn_testing.xnnpack_graph import (
     DYNAMIC_INT8_X_BLOCKWISE_INT4,
     DYNAMIC_INT8_X_CHANNEL_INT8,
+    cpu_operators,
     node_census,
 )
 
@@ -115,6 +116,12 @@ def test_slice_through_xnnpack_8da4w(sliced: Path, tmp_path: Path) -> None:
     census = node_census((compiled / "model.pte").read_bytes())
     assert {m: (c[DYNAMIC_INT8_X_BLOCKWISE_INT4], c[DYNAMIC_INT8_X_CHANNEL_INT8])
             for m, c in census.items()} == {"prefill": (7 * LAYERS, 1), "decode": (7 * LAYERS, 1)}
+    # The 49,152 x 576 token table is int8 rows looked up by ExecuTorch's quantized kernel:
+    # the whole program is smaller than that table in float32 alone (113 MB; the slice's
+    # program was 133 MB with it).
+    for method, ops in cpu_operators((compiled / "model.pte").read_bytes()).items():
+        assert ops["quantized_decomposed::embedding_byte.out"] == 1, (method, ops)
+    assert summary["pte_bytes"] < VOCAB * HIDDEN * 4
     accuracy = summary["accuracy"]
     # The program computes what the fake-quant (torchao) model computes: the real check.
     assert float(accuracy["sqnr_db_vs_fake_quant"]) >= 25

@@ -46,9 +46,11 @@ from qnn_common.errors import ConfigValidationError
 from qnn_common.gates import AccuracyGates, check_gate, default_accuracy_gates
 from qnn_common.llm import GenerationConfig
 from qnn_common.recipes import (
+    DEFAULT_EMBEDDING_WEIGHTS,
     DEFAULT_GROUP_MAPPING,
     DEFAULT_GROUP_SIZE,
     Backend,
+    EmbeddingWeights,
     GroupMapping,
     Recipe,
     WeightRounding,
@@ -205,6 +207,8 @@ class QuantizeConfig:
     # 8da4w only: regexes over module paths of linear layers given int8 weights (one scale per
     # output channel). None: the default (a causal LM's output head, recipes.DEFAULT_INT8_WEIGHTS).
     int8_weights: tuple[str, ...] | None = None
+    # 8da4w only: how embedding tables are stored (qnn_common.recipes.EmbeddingWeights).
+    embedding_weights: EmbeddingWeights = DEFAULT_EMBEDDING_WEIGHTS
     report_layers: int = 10
     # Regexes over nn.Module paths of layers to leave in float. None: the default
     # (qnn_quant.layers: BERT-style outlier layers at 8-bit activations); () quantizes everything.
@@ -222,6 +226,9 @@ class QuantizeConfig:
         ):
             object.__setattr__(self, "weight_rounding", parse_enum(
                 WeightRounding, str(self.weight_rounding), "quantize.weight_rounding"))
+        if not isinstance(self.embedding_weights, EmbeddingWeights):
+            object.__setattr__(self, "embedding_weights", parse_enum(
+                EmbeddingWeights, str(self.embedding_weights), "quantize.embedding_weights"))
         if not isinstance(self.group_mapping, GroupMapping):
             object.__setattr__(self, "group_mapping", parse_enum(
                 GroupMapping, str(self.group_mapping), "quantize.group_mapping"))
@@ -254,11 +261,15 @@ class QuantizeConfig:
             )
         check_group_size(self.backend, self.recipe, self.group_size, "quantize.group_size")
         if not self.recipe.is_dynamic:
-            for name, unset in (("group_mapping", DEFAULT_GROUP_MAPPING), ("int8_weights", None)):
+            for name, unset in (
+                ("group_mapping", DEFAULT_GROUP_MAPPING), ("int8_weights", None),
+                ("embedding_weights", DEFAULT_EMBEDDING_WEIGHTS),
+            ):
                 if getattr(self, name) != unset:
                     raise ConfigValidationError(
                         f"quantize.{name}", getattr(self, name),
-                        f"only 8da4w has 4-bit weight groups and int8 layers among them; "
+                        f"only 8da4w has 4-bit weight groups, int8 layers among them and "
+                        f"quantized embedding tables; "
                         f"{self.recipe.value} does not: drop {name} or use --recipe 8da4w",
                     )
         if self.recipe.is_dynamic and not self.per_channel:

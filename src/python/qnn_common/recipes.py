@@ -195,6 +195,21 @@ DEFAULT_GROUP_MAPPING = GroupMapping.ASYMMETRIC
 # in bench/intx_sensitivity.py); int8 there costs a few MB against a 4-bit head.
 DEFAULT_INT8_WEIGHTS: tuple[str, ...] = (r"(^|\.)lm_head$",)
 
+
+class EmbeddingWeights(enum.StrEnum):
+    """8da4w: how embedding tables are stored (`qnn_quant.embedding`); upstream's `--qembedding`."""
+
+    FLOAT = "float"
+    # int8, symmetric, one scale per row (per token): a lookup reads whole rows.
+    INT8 = "8w"
+    # 4-bit, asymmetric groups of group_size input channels (GGUF Q4_1's form for tables).
+    INT4 = "4w"
+
+
+# A causal LM's token table is its largest float tensor once the linears are 4-bit (SmolLM2: 113
+# of 229 MB); int8 rows cost ~1/4 of it and move logits less than the 4-bit linears do.
+DEFAULT_EMBEDDING_WEIGHTS = EmbeddingWeights.INT8
+
 # HTP arch floors, from the ExecuTorch Qualcomm backend's documentation.
 _QNN_ARCH_RULES: dict[Recipe, _Rule] = {
     Recipe.A16W4_BLOCK: _Rule(HtpArch.V69, "LPBQ (16a4w_block) needs HTP >= V69"),

@@ -264,11 +264,38 @@ def _mutates_buffers(ep: torch.export.ExportedProgram) -> bool:
     return bool(ep.graph_signature.buffers_to_mutate)
 
 
+def _quantized_lookups(ep: torch.export.ExportedProgram) -> bool:
+    """Whether an embedding reads a table torchao dequantizes (8da4w's, `qnn_quant.embedding`)."""
+    for node in ep.graph.nodes:
+        if node.op != "call_function" or "embedding" not in str(node.target):
+            continue
+        table = node.args[0] if node.args else None
+        # Edge ops print as "<EdgeOpOverload: torchao.dequantize_affine.default>: schema = ...".
+        if isinstance(table, torch.fx.Node) and "torchao.dequantize_affine" in str(table.target):
+            return True
+    return False
+
+
 def _executorch_config(
     programs: Mapping[str, torch.export.ExportedProgram], lowering: BackendLowering
 ) -> Any:
     """The backend's serialization config; for several methods with state (a KV cache), one in
-    which the methods share their mutable buffers."""
+    which the methods share their mutable buffers. A program that looks rows up in a quantized
+    table gets ExecuTorch's quant fusion, which makes each dequantize + embedding pair one
+    ``quantized_decomposed.embedding_byte`` / ``embedding_4bit`` (rows dequantized as read)."""
+    config = _sharing_config(programs, lowering)
+    if not any(_quantized_lookups(p) for p in programs.values()):
+        return config
+    from executorch.exir import ExecutorchBackendConfig
+
+    return dataclasses.replace(
+        config or ExecutorchBackendConfig(), do_quant_fusion_and_const_prop=True
+    )
+
+
+def _sharing_config(
+    programs: Mapping[str, torch.export.ExportedProgram], lowering: BackendLowering
+) -> Any:
     if len(programs) < 2 or not any(_mutates_buffers(p) for p in programs.values()):
         return lowering.executorch_config
     if lowering.executorch_config is not None:

@@ -24,7 +24,7 @@ from qnn_common.config import (
     pipeline_from_mapping,
 )
 from qnn_common.manifest import MANIFEST_NAME, load_manifest
-from qnn_common.recipes import Backend, GroupMapping, Recipe
+from qnn_common.recipes import Backend, EmbeddingWeights, GroupMapping, Recipe
 from qnn_common.soc import soc_names
 from qnn_compile.cli import add_htp_performance_mode_arg
 from qnn_infer.cli import (
@@ -84,6 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--group-mapping", choices=[m.value for m in GroupMapping],
                    help="8da4w: 4-bit groups from their minimum to their maximum (asymmetric, "
                    "the default) or symmetric around 0 (upstream's); qnn-quant --help says more")
+    p.add_argument("--embedding-weights", choices=[e.value for e in EmbeddingWeights],
+                   help="8da4w: embedding tables as int8 rows (8w, the default), 4-bit groups "
+                   "(4w) or float")
     p.add_argument("--seq-len", type=int, help="token length for text models (default: 128)")
     p.add_argument("--calibration-samples", type=int, help="default: 16")
     p.add_argument("--runs", type=int, help="timed inference runs (default: 20)")
@@ -131,7 +134,8 @@ def context_from_args(args: argparse.Namespace) -> PipelineContext:
                     # A prompt asks for generation: the causal LM is exported with a KV cache.
                     "kv_cache": True if generation is not None else None,
                     "max_seq_len": args.max_seq_len, "prefill_len": args.prefill_len},
-        "quantize": {"group_size": args.group_size, "group_mapping": args.group_mapping},
+        "quantize": {"group_size": args.group_size, "group_mapping": args.group_mapping,
+                     "embedding_weights": args.embedding_weights},
         "compile": {"htp_performance_mode": args.htp_performance_mode},
         "infer": {"runs": args.runs, "threads": args.threads, "device": args.device,
                   "inputs_file": args.inputs,

@@ -93,6 +93,7 @@ def run_quantize(inp: QuantizeInput) -> QuantizeOutput:
         group_size=cfg.group_size,
         group_mapping=cfg.group_mapping,
         int8_weights=cfg.int8_weights,
+        embedding_weights=cfg.embedding_weights,
     )
     timings["quantize_s"] = time.perf_counter() - t
     log.info("quantized to %s for %s in %.1f s", cfg.recipe, cfg.target, timings["quantize_s"])
@@ -172,6 +173,7 @@ def _run_quantize_causal_lm(inp: QuantizeInput, src: Manifest, spec: LlmSpec) ->
         rope=rope, weight_rounding=cfg.rounding, dynamic_layers=cfg.dynamic_layers,
         group_size=cfg.group_size, group_mapping=cfg.group_mapping,
         int8_weights=cfg.int8_weights,
+        embedding_weights=cfg.embedding_weights,
     )
     timings["quantize_s"] = time.perf_counter() - t
     log.info("quantized %s to %s for %s in %.1f s", ", ".join(quantized), cfg.recipe,

@@ -18,10 +18,12 @@ from qnn_common.cli_support import (
 )
 from qnn_common.config import DEFAULT_LPBQ_BLOCK, QuantizeConfig
 from qnn_common.recipes import (
+    DEFAULT_EMBEDDING_WEIGHTS,
     DEFAULT_GROUP_MAPPING,
     DEFAULT_GROUP_SIZE,
     DEFAULT_INT8_WEIGHTS,
     Backend,
+    EmbeddingWeights,
     GroupMapping,
     Recipe,
     WeightRounding,
@@ -74,6 +76,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="8da4w: give linear layers whose module path matches int8 weights, one "
                    "scale per output channel (repeatable). Default: a causal LM's output head "
                    f"({', '.join(DEFAULT_INT8_WEIGHTS)}); --int8-weights '' for none")
+    p.add_argument("--embedding-weights", choices=[e.value for e in EmbeddingWeights],
+                   default=DEFAULT_EMBEDDING_WEIGHTS.value,
+                   help="8da4w: embedding tables as int8 with one scale per row (8w), 4-bit "
+                   "asymmetric groups of --group-size (4w) or float; looked up by ExecuTorch's "
+                   "quantized embedding kernels (upstream's --qembedding). Default: %(default)s")
     p.add_argument("--weight-rounding", choices=[r.value for r in WeightRounding],
                    help="how weights are rounded onto their grid: nearest, or gptq (error "
                    "feedback from calibration inputs, linear layers). Default: gptq for 4-bit "
@@ -97,6 +104,8 @@ def _main(argv: Sequence[str] | None) -> int:
         block_size=args.block_size,
         group_size=args.group_size,
         group_mapping=parse_enum(GroupMapping, args.group_mapping, "--group-mapping"),
+        embedding_weights=parse_enum(
+            EmbeddingWeights, args.embedding_weights, "--embedding-weights"),
         int8_weights=None if args.int8_weights is None else tuple(
             p for p in args.int8_weights if p
         ),

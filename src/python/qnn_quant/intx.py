@@ -55,15 +55,19 @@ from torch.export import ExportedProgram
 from qnn_common.config import regex_list
 from qnn_common.errors import ConfigValidationError
 from qnn_common.recipes import (
+    DEFAULT_EMBEDDING_WEIGHTS,
     DEFAULT_GROUP_MAPPING,
     DEFAULT_GROUP_SIZE,
     DEFAULT_INT8_WEIGHTS,
+    EmbeddingWeights,
     GroupMapping,
     Recipe,
     check_group_size,
     check_recipe,
 )
 from qnn_common.target import Target
+from qnn_quant.embedding import embedding_form, quantize_embeddings
+from qnn_quant.graph_params import add_param, free_name, set_weight
 from qnn_quant.layers import module_path
 from qnn_quant.quantized_ops import NothingQuantizedError
 
@@ -87,6 +91,7 @@ class IntxResult:
     int8_weights: dict[str, str] = field(default_factory=dict)  # module path -> pattern
     kept_float: dict[str, str] = field(default_factory=dict)  # module path -> why
     offset_parameters: int = 0
+    embeddings: dict[str, str] = field(default_factory=dict)  # module path -> form
     seconds: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
@@ -103,6 +108,7 @@ class IntxResult:
             "linears_int8_weights": dict(sorted(self.int8_weights.items())),
             "linears_kept_float": dict(sorted(self.kept_float.items())),
             "offset_parameters": self.offset_parameters,
+            "embeddings": dict(sorted(self.embeddings.items())),
             "seconds": round(self.seconds, 3),
         }
 
@@ -165,28 +171,6 @@ def _torchao_weight(weight: torch.Tensor, config: Any) -> nn.Parameter:
     return holder.weight
 
 
-def _owner(gm: torch.fx.GraphModule, dotted: str) -> tuple[nn.Module, str]:
-    """The module that holds attribute `dotted` of `gm` (empty parent modules created as
-    needed), and the attribute's own name."""
-    *parents, name = dotted.split(".")
-    owner: nn.Module = gm
-    for part in parents:
-        child = getattr(owner, part, None)
-        if not isinstance(child, nn.Module):
-            child = nn.Module()
-            owner.add_module(part, child)
-        owner = child
-    return owner, name
-
-
-def _add_param(gm: torch.fx.GraphModule, wanted: str, value: torch.Tensor) -> str:
-    """Register `value` as a frozen parameter under a free name near `wanted`; its name."""
-    name = _free_name(gm, wanted)
-    owner, leaf = _owner(gm, name)
-    owner.register_parameter(leaf, nn.Parameter(value, requires_grad=False))
-    return name
-
-
 def _group_sums(
     gm: torch.fx.GraphModule, node: torch.fx.Node, in_f: int, group_size: int, path: str
 ) -> torch.fx.Node:
@@ -196,7 +180,7 @@ def _group_sums(
     copy logged and followed by a check of the whole program."""
     groups = torch.arange(in_f // group_size)[:, None]
     ones = (torch.arange(in_f)[None, :] // group_size == groups).float()
-    name = _add_param(gm, f"{path}.group_sum", ones)
+    name = add_param(gm, f"{path}.group_sum", ones)
     with gm.graph.inserting_before(node):
         matrix = gm.graph.get_attr(name)
     with gm.graph.inserting_after(node):
@@ -210,7 +194,7 @@ def _add_group_offset(
     """After linear `node`: + linear(sums, offset), the asymmetric groups' constants times
     their inputs' sums; `node`'s users read the total."""
     graph = gm.graph
-    name = _add_param(gm, f"{path}.group_offset", offset)
+    name = add_param(gm, f"{path}.group_offset", offset)
     with graph.inserting_before(node):
         constants = graph.get_attr(name)
     with graph.inserting_after(sums if sums.prev is node else node):
@@ -228,40 +212,6 @@ def _linear_weight(gm: torch.fx.GraphModule, node: torch.fx.Node) -> torch.fx.No
     if not isinstance(weight, torch.fx.Node) or weight.op != "get_attr":
         return None
     return weight
-
-
-def _set_weight(gm: torch.fx.GraphModule, dotted: str, value: nn.Parameter) -> None:
-    """Register the quantized weight `value` as `dotted` on `gm` (empty parent modules created
-    as needed), stored as its plain inner tensors.
-
-    A tensor subclass cannot be a program's state: it does not serialize, and its storage is
-    not data. torchao's `UnwrapTensorSubclass` parametrization (what its `unwrap_tensor_subclass`
-    puts on nn.Linear modules, as upstream's exports do) keeps the int8 values, scales and zero
-    points as plain tensors and rebuilds the subclass on every read, so export traces the
-    rebuild and the program holds the plain tensors.
-    """
-    from torch.nn.utils import parametrize
-    from torchao.utils import UnwrapTensorSubclass
-
-    owner, name = _owner(gm, dotted)
-    if name in owner._parameters:
-        del owner._parameters[name]
-    elif hasattr(owner, name):
-        delattr(owner, name)
-    owner.register_parameter(name, value)
-    parametrize.register_parametrization(owner, name, UnwrapTensorSubclass())
-
-
-def _free_name(gm: torch.fx.GraphModule, wanted: str) -> str:
-    """`wanted`, or `wanted` with a numbered suffix, whichever names nothing on `gm` yet."""
-    name, i = wanted, 0
-    while True:
-        try:
-            operator.attrgetter(name)(gm)
-        except AttributeError:
-            return name
-        i += 1
-        name = f"{wanted}_{i}"
 
 
 def quantize_graph_8da4w(
@@ -317,8 +267,8 @@ def quantize_graph_8da4w(
             for n in gm.graph.nodes
         )
         if shared:
-            name = _free_name(gm, f"{path}.weight" if module_path(node) else f"{node.name}_weight")
-            _set_weight(gm, name, quantized)  # before the get_attr that names it
+            name = free_name(gm, f"{path}.weight" if module_path(node) else f"{node.name}_weight")
+            set_weight(gm, name, quantized)  # before the get_attr that names it
             # fx looks for a parameter, buffer or module of that name and warns that none
             # exists: the weight is the parametrization's property, which does resolve.
             with gm.graph.inserting_before(node), warnings.catch_warnings():
@@ -326,7 +276,7 @@ def quantize_graph_8da4w(
                 new_weight = gm.graph.get_attr(name)
             node.replace_input_with(weight_node, new_weight)
         else:
-            _set_weight(gm, str(weight_node.target), quantized)
+            set_weight(gm, str(weight_node.target), quantized)
         # The quantized weight implements F.linear (torch function level): the call must reach
         # it as F.linear, or it is dispatched as aten.t + mm, which the subclass refuses.
         node.target = torch.nn.functional.linear
@@ -373,10 +323,12 @@ def _log_result(what: str, result: IntxResult, calibration_samples: int) -> None
     )
     log.info(
         "%s: 8da4w quantized %d linear(s) in %.1f s: 4-bit weights in %s groups of %d, int8 "
-        "weights for %d; %d kept float%s", what, result.quantized, result.seconds,
+        "weights for %d; %d kept float%s%s", what, result.quantized, result.seconds,
         result.mapping.value, result.group_size, len(result.int8_weights),
         len(result.kept_float),
         "".join(f"\n  {path}: {why}" for path, why in sorted(result.kept_float.items())),
+        "".join(f"\n  embedding {path}: {form}" for path, form in sorted(
+            result.embeddings.items())),
     )
 
 
@@ -388,6 +340,7 @@ def quantize_program_8da4w(
     keep_float: Sequence[str] | None = None,
     mapping: GroupMapping = DEFAULT_GROUP_MAPPING,
     int8_weights: Sequence[str] | None = None,
+    embedding_weights: EmbeddingWeights = DEFAULT_EMBEDDING_WEIGHTS,
     calibration_samples: int = 0,
     method: str = "forward",
 ) -> tuple[ExportedProgram, IntxResult]:
@@ -408,6 +361,7 @@ def quantize_program_8da4w(
     result = quantize_graph_8da4w(
         gm, group_size=group_size, keep_float=patterns, mapping=mapping, int8_weights=int8
     )
+    result.embeddings = quantize_embeddings(gm, embedding_form(embedding_weights, group_size))
     _log_result(method, result, calibration_samples)
     if result.quantized == 0:
         raise NothingQuantizedError(target, Recipe.A8DW4, gm, len(result.kept_float))
@@ -422,6 +376,7 @@ def quantize_methods_8da4w(
     keep_float: Sequence[str] | None = None,
     mapping: GroupMapping = DEFAULT_GROUP_MAPPING,
     int8_weights: Sequence[str] | None = None,
+    embedding_weights: EmbeddingWeights = DEFAULT_EMBEDDING_WEIGHTS,
     calibration_samples: int = 0,
 ) -> tuple[dict[str, ExportedProgram], IntxResult]:
     """Every method of a program (a causal LM's prefill and decode) quantized to 8da4w: each
@@ -431,7 +386,8 @@ def quantize_methods_8da4w(
     for method, ep in programs.items():
         out[method], result = quantize_program_8da4w(
             ep, target=target, group_size=group_size, keep_float=keep_float, mapping=mapping,
-            int8_weights=int8_weights, calibration_samples=calibration_samples, method=method,
+            int8_weights=int8_weights, embedding_weights=embedding_weights,
+            calibration_samples=calibration_samples, method=method,
         )
         results.append(result)
     first = results[0]
@@ -439,6 +395,7 @@ def quantize_methods_8da4w(
         group_size, mapping, quantized=sum(r.quantized for r in results),
         int8_weights=dict(first.int8_weights), kept_float=dict(first.kept_float),
         offset_parameters=sum(r.offset_parameters for r in results),
+        embeddings=dict(first.embeddings),
         seconds=sum(r.seconds for r in results),
     )
     return out, total

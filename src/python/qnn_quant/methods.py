@@ -23,8 +23,10 @@ from qnn_common.config import DEFAULT_LPBQ_BLOCK
 from qnn_common.errors import StageError
 from qnn_common.llm import DECODE, PREFILL, LlmSpec, MethodRunner, feed, method_steps
 from qnn_common.recipes import (
+    DEFAULT_EMBEDDING_WEIGHTS,
     DEFAULT_GROUP_MAPPING,
     DEFAULT_GROUP_SIZE,
+    EmbeddingWeights,
     GroupMapping,
     Recipe,
     WeightRounding,
@@ -76,6 +78,7 @@ def quantize_causal_lm(
     group_size: int = DEFAULT_GROUP_SIZE,
     group_mapping: GroupMapping = DEFAULT_GROUP_MAPPING,
     int8_weights: Sequence[str] | None = None,
+    embedding_weights: EmbeddingWeights = DEFAULT_EMBEDDING_WEIGHTS,
 ) -> tuple[dict[str, ExportedProgram], GptqResult | IntxResult | None]:
     """Quantize prefill and decode with shared scales, calibrating on token sequences (`rope`:
     the rotary table of a program whose cache is its inputs and outputs). With GPTQ (the
@@ -94,7 +97,7 @@ def quantize_causal_lm(
         return quantize_methods_8da4w(
             programs, target=target, group_size=group_size, keep_float=keep_float,
             mapping=group_mapping, int8_weights=int8_weights,
-            calibration_samples=len(calibration),
+            embedding_weights=embedding_weights, calibration_samples=len(calibration),
         )
     bits = weight_bits(recipe)
 

@@ -27,8 +27,10 @@ from qnn_common.errors import ConfigValidationError
 from qnn_common.noise import printed_noise_filtered
 from qnn_common.program_state import initial_buffers_kept
 from qnn_common.recipes import (
+    DEFAULT_EMBEDDING_WEIGHTS,
     DEFAULT_GROUP_MAPPING,
     DEFAULT_GROUP_SIZE,
+    EmbeddingWeights,
     GroupMapping,
     Recipe,
     WeightRounding,
@@ -62,6 +64,7 @@ def quantize_program(
     group_size: int = DEFAULT_GROUP_SIZE,
     group_mapping: GroupMapping = DEFAULT_GROUP_MAPPING,
     int8_weights: Sequence[str] | None = None,
+    embedding_weights: EmbeddingWeights = DEFAULT_EMBEDDING_WEIGHTS,
 ) -> ExportedProgram:
     """Quantize `ep` for `target` at `recipe`, calibrating on `calibration`; return a new program.
 
@@ -76,7 +79,7 @@ def quantize_program(
     `qnn_common.recipes.default_weight_rounding`). `group_size`: input channels per 4-bit weight
     scale of 8da4w, which calibrates nothing (`qnn_quant.intx`; the samples are not run);
     `group_mapping` and `int8_weights` (None: the output head) its groups' form and the linears
-    it gives int8 weights instead.
+    it gives int8 weights instead; `embedding_weights` its embedding tables' form.
     Raises ConfigValidationError for float recipes, recipes the backend cannot run, bad patterns
     and calibration samples that do not fit the program. A sample is a tuple of positional
     arguments, or `ModelInputs` for a program that takes keyword arguments.
@@ -86,6 +89,7 @@ def quantize_program(
         block_size=block_size, progress=progress, keep_float=keep_float,
         weight_rounding=weight_rounding, dynamic_layers=dynamic_layers, group_size=group_size,
         group_mapping=group_mapping, int8_weights=int8_weights,
+        embedding_weights=embedding_weights,
     )
     return program
 
@@ -105,6 +109,7 @@ def quantize_program_with_gptq(
     group_size: int = DEFAULT_GROUP_SIZE,
     group_mapping: GroupMapping = DEFAULT_GROUP_MAPPING,
     int8_weights: Sequence[str] | None = None,
+    embedding_weights: EmbeddingWeights = DEFAULT_EMBEDDING_WEIGHTS,
 ) -> tuple[ExportedProgram, GptqResult | IntxResult | None]:
     """`quantize_program`, also returning what GPTQ did (None when weights rounded to nearest),
     or for 8da4w what its weight transform did."""
@@ -115,7 +120,7 @@ def quantize_program_with_gptq(
         return quantize_program_8da4w(
             ep, target=target, group_size=group_size, keep_float=keep_float,
             mapping=group_mapping, int8_weights=int8_weights,
-            calibration_samples=len(calibration),
+            embedding_weights=embedding_weights, calibration_samples=len(calibration),
         )
     samples = _check_calibration(ep, calibration)
 

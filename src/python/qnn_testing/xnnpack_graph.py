@@ -92,6 +92,26 @@ def node_census(pte: bytes) -> dict[str, collections.Counter[str]]:
     return census
 
 
+def cpu_operators(pte: bytes) -> dict[str, collections.Counter[str]]:
+    """Per method, the operators the program calls outside its delegates (the CPU kernels), by
+    kernel name with overload, e.g. ``quantized_decomposed::embedding_byte.out``, each counted
+    once per call site."""
+    from executorch.exir._serialize._program import deserialize_pte_binary
+
+    program = deserialize_pte_binary(pte).program
+    out: dict[str, collections.Counter[str]] = {}
+    for plan in program.execution_plan:
+        names = [f"{op.name}.{op.overload}" if op.overload else op.name for op in plan.operators]
+        counts: collections.Counter[str] = collections.Counter()
+        for chain in plan.chains:
+            for instruction in chain.instructions:
+                index = getattr(instruction.instr_args, "op_index", None)
+                if index is not None:
+                    counts[names[index]] += 1
+        out[plan.name] = counts
+    return out
+
+
 # 8da4w's linear as XNNPACK runs it: int8 activations quantized per token at run time
 # (qdint8), 4-bit weights with one scale per block of input channels (qbint4).
 DYNAMIC_INT8_X_BLOCKWISE_INT4 = f"{_FC}[xnn_datatype_qdint8,xnn_datatype_qbint4]"
