@@ -12,7 +12,7 @@ import json
 import math
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -50,6 +50,25 @@ def test_verdict_is_null_without_references_and_false_below_a_gate() -> None:
     assert verdict["ok"] is False and verdict["recipe"] == "8a8w"
     assert {f["field"] for f in verdict["failures"]} == {"min_cosine_vs_fp32",
                                                          "min_sqnr_db_vs_fake_quant"}
+
+
+def test_a_causal_lm_fails_on_its_perplexity_ratio_with_a_suggestion() -> None:
+    gates = default_accuracy_gates(Recipe.A16W8, causal_lm=True)
+    logits = {"vs_fp32": _acc(14.0, 0.98), "vs_fake_quant": _acc(19.2, 0.994)}
+    fine = {**logits, "perplexity": {"fp32": 31.67, "fake_quant": 33.44, "program": 32.91}}
+    assert judge_accuracy(fine, gates, Recipe.A16W8)["ok"] is True
+    # Without perplexities (a run without eval text) the ratio gate has nothing to judge.
+    assert judge_accuracy(logits, gates, Recipe.A16W8)["ok"] is True
+    broken = {**logits, "perplexity": {"fp32": 31.67, "fake_quant": 33.44, "program": 250.0}}
+    verdict = judge_accuracy(broken, gates, Recipe.A16W8)
+    assert verdict["ok"] is False
+    (failure,) = verdict["failures"]
+    assert failure["field"] == "max_perplexity_vs_fake_quant"
+    assert failure["value"] == pytest.approx(250.0 / 33.44)
+    # The message reads only the failures (the manifest is carried for the orchestrator).
+    message = str(AccuracyGateError(Path("out"), cast(Any, None), verdict["failures"], "16a8w"))
+    assert "7.476 > 1.1 (max_perplexity_vs_fake_quant)" in message
+    assert "--max-perplexity-vs-fake-quant 7.48" in message
 
 
 def test_a_nan_metric_fails_its_gate_and_inf_passes() -> None:

@@ -343,7 +343,7 @@ class CompileConfig:
 class InferConfig:
     """Running the program: how many timed runs, on which inputs, and the accuracy it must reach.
 
-    The four `min_*` gates are None for "the default for the program's recipe"
+    The gates (`min_*`, `max_*`) are None for "the default for the program's recipe"
     (`default_accuracy_gates`): infer learns the recipe from the compile artifact, and resolves
     them with `gates_for`. `accuracy_gates=False` keeps reporting the numbers but checks none.
     """
@@ -363,6 +363,7 @@ class InferConfig:
     min_cosine_vs_fp32: float | None = None
     min_sqnr_db_vs_fake_quant: float | None = None
     min_cosine_vs_fake_quant: float | None = None
+    max_perplexity_vs_fake_quant: float | None = None
     accuracy_gates: bool = True
     # Causal-LM programs (prefill + decode): what to generate after the teacher-forced check.
     # None: the default prompt and settings of `GenerationConfig`.
@@ -401,12 +402,15 @@ class InferConfig:
                 "only used with a device; pass --device SERIAL (or auto) too",
             )
 
-    def gates_for(self, recipe: Recipe | None) -> AccuracyGates:
+    def gates_for(self, recipe: Recipe | None, causal_lm: bool = False) -> AccuracyGates:
         """The gates to apply to a program compiled with `recipe` (None: unknown, e.g. a bare
-        .pte): each gate set here, else the recipe's default; none at all if gates are off."""
+        .pte; `causal_lm`: a prefill + decode program): each gate set here, else the recipe's
+        default; none at all if gates are off."""
         if not self.accuracy_gates:
             return AccuracyGates()
-        default = default_accuracy_gates(recipe) if recipe is not None else AccuracyGates()
+        default = (
+            default_accuracy_gates(recipe, causal_lm) if recipe is not None else AccuracyGates()
+        )
         return AccuracyGates(**{
             f.name: value if (value := getattr(self, f.name)) is not None
             else getattr(default, f.name)

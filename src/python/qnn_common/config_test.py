@@ -631,6 +631,23 @@ def test_default_gates_per_recipe() -> None:
     assert default_accuracy_gates(Recipe.A16W2) == AccuracyGates(min_sqnr_db_vs_fake_quant=25.0)
 
 
+def test_quantized_causal_lms_are_judged_by_perplexity_too() -> None:
+    # A deep decoder's logits drift on the HTP at 16-bit activations while its perplexity does
+    # not (SmolLM2 16a8w: 19.2 dB vs fake quant, perplexity 32.9 vs 33.4): the SQNR floor of
+    # 8-bit activations, and perplexity within 10 % of the fake-quant model's.
+    assert default_accuracy_gates(Recipe.A16W8, causal_lm=True) == AccuracyGates(
+        min_cosine_vs_fp32=0.9, min_sqnr_db_vs_fake_quant=15.0, max_perplexity_vs_fake_quant=1.1
+    )
+    assert default_accuracy_gates(Recipe.A8DW4, causal_lm=True).min_sqnr_db_vs_fake_quant == 15.0
+    # Float programs: the float gates, LLM or not.
+    assert default_accuracy_gates(Recipe.FP32, causal_lm=True) == default_accuracy_gates(
+        Recipe.FP32
+    )
+    assert InferConfig(max_perplexity_vs_fake_quant=1.5).gates_for(
+        Recipe.A16W8, causal_lm=True
+    ).max_perplexity_vs_fake_quant == 1.5
+
+
 @pytest.mark.parametrize("recipe", list(Recipe))
 def test_every_quantized_recipe_is_judged_against_its_fake_quant(recipe: Recipe) -> None:
     gates = default_accuracy_gates(recipe)
@@ -658,6 +675,8 @@ def test_unset_gates_take_the_recipes_default_and_set_ones_win() -> None:
     [
         ({"min_cosine_vs_fp32": 1.5}, "infer.min_cosine_vs_fp32", "[-1, 1]"),
         ({"min_cosine_vs_fake_quant": -2}, "infer.min_cosine_vs_fake_quant", "[-1, 1]"),
+        ({"max_perplexity_vs_fake_quant": 0.9}, "infer.max_perplexity_vs_fake_quant",
+         "at least 1"),
         ({"min_sqnr_db_vs_fp32": float("nan")}, "infer.min_sqnr_db_vs_fp32", "a number"),
         ({"min_sqnr_db_vs_fake_quant": "20"}, "infer.min_sqnr_db_vs_fake_quant", "a number"),
         ({"min_sqnr_db_vs_fp32": True}, "infer.min_sqnr_db_vs_fp32", "a number"),

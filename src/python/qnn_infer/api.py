@@ -206,7 +206,7 @@ def _run_infer_causal_lm(
     accuracy = teacher_forced_accuracy(lm, inp.source, spec, have)
     check_s = time.perf_counter() - t
     generation = run_generation(lm, inp.source, spec, generation_cfg)
-    verdict = judge_accuracy(accuracy, cfg.gates_for(recipe), recipe)
+    verdict = judge_accuracy(accuracy, cfg.gates_for(recipe, causal_lm=True), recipe)
     digests = _digests(inp)
     manifest = _seal(
         out, cfg, digests, [], {"run_s": check_s}, extra_tools=runtime.tools,

@@ -32,9 +32,14 @@ def _default_gates_text() -> str:
     def gates(recipe: Recipe) -> str:
         values = dataclasses.asdict(default_accuracy_gates(recipe)).items()
         return ", ".join(f"{name.removeprefix('min_')} >= {v:g}" for name, v in values
-                         if v is not None)
+                         if v is not None and name.startswith("min_"))
 
-    return "; ".join(f"{recipe.value}: {gates(recipe)}" for recipe in Recipe)
+    lm = default_accuracy_gates(Recipe.A16W8, causal_lm=True)
+    return "; ".join(f"{recipe.value}: {gates(recipe)}" for recipe in Recipe) + (
+        f"; causal LMs, quantized: sqnr_db_vs_fake_quant >= "
+        f"{lm.min_sqnr_db_vs_fake_quant:g} at most, perplexity_vs_fake_quant <= "
+        f"{lm.max_perplexity_vs_fake_quant:g}"
+    )
 
 
 def add_device_args(parser: argparse.ArgumentParser) -> None:
@@ -79,6 +84,11 @@ def add_accuracy_gate_args(parser: argparse.ArgumentParser) -> None:
         f"default for the program's recipe ({_default_gates_text()})",
     )
     for name, comparison, metric, flag in GATES:
+        if name.startswith("max_"):
+            g.add_argument(flag, dest=name, type=float, metavar="R",
+                           help="causal LMs: the highest ratio of the program's perplexity of "
+                           "the held-out text to the fake-quant model's (1.1: 10 %% higher)")
+            continue
         reference = comparison.removeprefix("vs_").replace("_", "-")
         g.add_argument(flag, dest=name, type=float, metavar="DB" if metric == "sqnr_db" else "C",
                        help=f"minimum {LABELS[metric]} vs the {reference} reference")

@@ -13,15 +13,29 @@ from qnn_common.gates import AccuracyGates
 from qnn_common.manifest import Manifest
 from qnn_common.recipes import Recipe
 
-# Each gate: its field, the comparison it reads ("vs_fp32" / "vs_fake_quant"), the metric, and the
-# qnn-infer / qnn-pipeline flag that sets it.
+# Each gate: its field, the comparison it reads ("vs_fp32" / "vs_fake_quant" / "perplexity"), the
+# metric, and the qnn-infer / qnn-pipeline flag that sets it. `max_*` gates are upper bounds.
 GATES: tuple[tuple[str, str, str, str], ...] = (
     ("min_sqnr_db_vs_fp32", "vs_fp32", "sqnr_db", "--min-sqnr-db"),
     ("min_cosine_vs_fp32", "vs_fp32", "cosine", "--min-cosine"),
     ("min_sqnr_db_vs_fake_quant", "vs_fake_quant", "sqnr_db", "--min-sqnr-db-vs-fake-quant"),
     ("min_cosine_vs_fake_quant", "vs_fake_quant", "cosine", "--min-cosine-vs-fake-quant"),
+    ("max_perplexity_vs_fake_quant", "perplexity", "ratio_vs_fake_quant",
+     "--max-perplexity-vs-fake-quant"),
 )
 GATE_FLAGS: dict[str, str] = {name: flag for name, _, _, flag in GATES}
+
+
+def _measured(accuracy: dict[str, Any], comparison: str, metric: str) -> float | None:
+    """The value a gate reads, or None when the run has nothing to compare."""
+    if comparison not in accuracy:
+        return None
+    if metric == "ratio_vs_fake_quant":  # program / fake-quant perplexity
+        found = accuracy[comparison]
+        if "program" not in found or "fake_quant" not in found:
+            return None
+        return float(found["program"]) / float(found["fake_quant"])
+    return float(accuracy[comparison][metric])
 
 
 class AccuracyGateError(PipelineError):
@@ -41,7 +55,8 @@ class AccuracyGateError(PipelineError):
         what = f"this {recipe} program" if recipe else "this program"
         missed = "; ".join(
             f"{LABELS[f['metric']]} {f['comparison'].replace('_', ' ')} "
-            f"{_fmt(f['value'], f['metric'])} < {_fmt(f['gate'], f['metric'])} ({f['field']})"
+            f"{_fmt(f['value'], f['metric'])} {'>' if f['field'].startswith('max_') else '<'} "
+            f"{_fmt(f['gate'], f['metric'])} ({f['field']})"
             for f in failures
         )
         relaxed = [(f["field"], _fmt(_relaxed(f["metric"], f["value"]), "")) for f in failures]
@@ -55,7 +70,8 @@ class AccuracyGateError(PipelineError):
         )
 
 
-LABELS = {"sqnr_db": "SQNR", "cosine": "cosine"}
+LABELS = {"sqnr_db": "SQNR", "cosine": "cosine",
+          "ratio_vs_fake_quant": "program / fake-quant ratio of"}
 
 
 def _fmt(value: float, metric: str) -> str:
@@ -69,6 +85,8 @@ def _relaxed(metric: str, value: float) -> float:
         return -math.inf if metric == "sqnr_db" else -1.0
     if metric == "sqnr_db":
         return math.floor(value)
+    if metric == "ratio_vs_fake_quant":  # an upper bound: just above
+        return math.ceil(value * 100) / 100
     return max(-1.0, math.floor(value * 1000) / 1000)
 
 
@@ -84,12 +102,12 @@ def judge_accuracy(
     checked = 0
     for name, comparison, metric, _ in GATES:
         gate = getattr(gates, name)
-        if gate is None or comparison not in accuracy:
+        value = None if gate is None else _measured(accuracy, comparison, metric)
+        if gate is None or value is None:
             continue
         checked += 1
-        value = float(accuracy[comparison][metric])
         # NaN (nothing comparable) fails: a gate that cannot be checked must not read as passed.
-        if not value >= gate:
+        if not (value <= gate if name.startswith("max_") else value >= gate):
             failures.append({"field": name, "comparison": comparison, "metric": metric,
                              "value": value, "gate": gate})
     return {
