@@ -13,12 +13,20 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from qnn_common.config import PipelineContext, QuantizeConfig, Stage
+from qnn_common.config import InferConfig, PipelineContext, QuantizeConfig, Stage
+from qnn_common.errors import ConfigValidationError
 from qnn_common.llm import GenerationConfig, method_steps
 from qnn_common.manifest import load_manifest
 from qnn_common.recipes import Backend, Recipe
-from qnn_common.stages import QuantizeInput, llm_spec_of, program_files, rope_of
+from qnn_common.stages import (
+    InferInput,
+    QuantizeInput,
+    llm_spec_of,
+    program_files,
+    rope_of,
+)
 from qnn_common.tensorio import load_program
+from qnn_infer.api import run_infer
 from qnn_infer.causal_lm import load_tokenizer, prompt_ids
 from qnn_infer.generate import generate
 from qnn_pipeline.orchestrator import run_pipeline
@@ -30,10 +38,12 @@ from qnn_quant.methods import module_runner
 SHAPES = {"max_seq_len": 64, "prefill_len": 16}
 
 
-def _run(out: Path, recipe: str, stop_after: Stage | None = None) -> dict[str, Any]:
+def _run(
+    out: Path, recipe: str, stop_after: Stage | None = None, weight_sharing: bool = False
+) -> dict[str, Any]:
     ctx = PipelineContext.create(
         "tiny-llama", backend="qnn", soc="SM8650", recipe=recipe, out_dir=out,
-        stop_after=stop_after,
+        stop_after=stop_after, compile={"weight_sharing": weight_sharing},
         prepare={"kv_cache": True, "calibration_samples": 4, "eval_samples": 8, **SHAPES},
         infer={"generation": {"prompt": "Once upon a time", "max_new_tokens": 8}},
     )
@@ -67,6 +77,35 @@ def test_tiny_llama_16a4w_generates_on_the_htp_and_matches_fake_quant(out: Path)
     assert compiled.metrics["methods"] == ["prefill", "decode"]
     assert compiled.metrics["llm"]["kv_layout"] == {"layers": 2, "kv_heads": 2, "head_dim": 16}
     assert compiled.metrics["partitions"] == 2
+
+
+def _compiled(summary: dict[str, Any]) -> Path:
+    (entry,) = (s for s in summary["stages"] if s["name"] == "compile")
+    return Path(entry["artifact"])
+
+
+def test_weight_sharing_stores_the_weights_once_for_a_device_and_the_emulator_is_refused(
+    out: Path,
+) -> None:
+    """Prefill and decode in one context binary with one copy of the weights (QNN weight
+    sharing): the program is smaller by about one copy of them. The x86 emulator cannot load
+    it, so the pipeline refuses to run it here before any work, and infer refuses an artifact
+    built so."""
+    with pytest.raises(ConfigValidationError, match="--stop-after compile"):
+        _run(out, "16a4w", weight_sharing=True)
+    separate = _compiled(_run(out, "16a4w", stop_after=Stage.COMPILE))
+    shared = _compiled(_run(out, "16a4w", stop_after=Stage.COMPILE, weight_sharing=True))
+    sizes = [(d / "model.pte").stat().st_size for d in (separate, shared)]
+    # One copy of the weights fewer: measured 300,544 vs 431,616 bytes. Each graph's own
+    # structure (ops, tensors, quantization encodings) stays, and is much of a model this small.
+    assert sizes[1] < 0.8 * sizes[0], sizes
+    manifest = load_manifest(shared, expect_stage=Stage.COMPILE)
+    assert manifest.config["weight_sharing"] is True
+    assert manifest.metrics["target"]["weight_sharing"] is True
+    assert manifest.metrics["methods"] == ["prefill", "decode"]
+    with pytest.raises(ConfigValidationError, match="only a device loads"):
+        run_infer(InferInput(shared, InferConfig(), out / "infer-shared"))
+    assert not (out / "infer-shared").exists()  # refused before anything was written
 
 
 def test_16a8w_keeps_argmax_agreement_with_eager(out: Path) -> None:

@@ -58,6 +58,7 @@ from qnn_common.recipes import (
     check_group_size,
     check_recipe,
     check_weight_rounding,
+    check_weight_sharing,
     default_weight_rounding,
     parse_enum,
 )
@@ -311,9 +312,20 @@ class CompileConfig:
     # QNN HTP only: the power / clock vote the context binary is built with (burst = upstream's
     # default for benchmarks). It is recorded in the program, so it is part of the cache key.
     htp_performance_mode: str = DEFAULT_HTP_PERFORMANCE_MODE
+    # QNN, a program of several methods (a causal LM): one copy of the weights in the context
+    # binary, shared by the methods' graphs (recipes.check_weight_sharing). For a device: the
+    # x86 emulator cannot load such a program.
+    weight_sharing: bool = False
 
     def __post_init__(self) -> None:
         _normalize_enums(self, "compile")
+        if not isinstance(self.weight_sharing, bool):
+            raise ConfigValidationError(
+                "compile.weight_sharing", self.weight_sharing, "must be true or false"
+            )
+        if self.weight_sharing:
+            check_weight_sharing(self.backend, _soc_or_none(self.soc, "compile.soc"),
+                                 "compile.weight_sharing")
         check_recipe(self.backend, self.recipe, _soc_or_none(self.soc, "compile.soc"),
                      "compile.recipe")
         _ = self.target  # validates backend / soc together
@@ -466,6 +478,15 @@ class PipelineContext:
                 "pipeline",
                 "quantize vs compile",
                 "quantize and compile must agree on backend, recipe and soc",
+            )
+        runs_here = Stage.INFER not in self.skip and self.stop_after in (None, Stage.INFER)
+        if self.compile.weight_sharing and runs_here and self.infer.device is None:
+            raise ConfigValidationError(
+                "compile.weight_sharing", True,
+                "a program whose methods share their weights runs on a device only: the x86 HTP "
+                "emulator cannot load it (QNN: \"Shared weights buffer isn't supported on this "
+                "platform\"); add --stop-after compile to build it for a device, or drop "
+                "--weight-sharing to run the program here",
             )
 
     @classmethod

@@ -255,6 +255,29 @@ def check_recipe(backend: Backend, recipe: Recipe, soc: Soc | None, field: str =
         )
 
 
+# Methods of one QNN program (a causal LM's prefill and decode) sharing one copy of their weights
+# in the context binary: QNN's weight sharing, HTP >= V73 (ExecuTorch's Qualcomm docs). QNN's x86
+# emulator refuses to load such a context ("Shared weights buffer isn't supported on this
+# platform", QNN 2.51), so only a device runs it.
+WEIGHT_SHARING_MIN_ARCH = HtpArch.V73
+
+
+def check_weight_sharing(backend: Backend, soc: Soc | None, field: str = "weight_sharing") -> None:
+    """Refuse QNN weight sharing where it cannot be built, saying why."""
+    if backend is not Backend.QNN:
+        raise ConfigValidationError(
+            field, True,
+            f"weight sharing is a QNN context feature; {backend.value} programs already store "
+            "a weight the methods share once",
+        )
+    if soc is not None and soc.htp_arch < WEIGHT_SHARING_MIN_ARCH:
+        raise ConfigValidationError(
+            field, True,
+            f"QNN weight sharing needs HTP >= {WEIGHT_SHARING_MIN_ARCH}, and {soc.name} is "
+            f"{soc.htp_arch}; drop it (each method then carries its own weights)",
+        )
+
+
 def check_group_size(
     backend: Backend, recipe: Recipe, group_size: int, field: str = "group_size"
 ) -> None:

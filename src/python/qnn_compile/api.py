@@ -126,6 +126,12 @@ def run_compile(inp: CompileInput) -> CompileOutput:
         program = load_program(program_path)
     else:
         program = {m: load_program(inp.source / f) for m, f in method_files.items()}
+    if cfg.weight_sharing and not isinstance(program, dict):
+        raise ConfigValidationError(
+            "compile.weight_sharing", True,
+            "weight sharing shares weights between a program's methods, and this program has "
+            "one (forward); drop --weight-sharing",
+        )
     out = begin_artifact(inp.out_dir, inputs=[inp.source])
 
     t = time.perf_counter()

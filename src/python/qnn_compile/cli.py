@@ -35,6 +35,14 @@ def add_htp_performance_mode_arg(parser: argparse.ArgumentParser, default: str |
                         f"{DEFAULT_HTP_PERFORMANCE_MODE})")
 
 
+def add_weight_sharing_arg(parser: argparse.ArgumentParser) -> None:
+    """--weight-sharing, shared with qnn-pipeline."""
+    parser.add_argument("--weight-sharing", action="store_true", default=None,
+                        help="qnn, causal LMs: prefill and decode share one copy of the weights "
+                        "in the context binary (about half the .pte; HTP >= V73). For a device "
+                        "only: the x86 HTP emulator cannot load such a program")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="qnn-compile",
@@ -52,6 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--soc", help="target SoC (qnn backend), e.g. SM8650; the HTP arch and VTCM "
                    "size come from the SoC table")
     add_htp_performance_mode_arg(p, default=DEFAULT_HTP_PERFORMANCE_MODE)
+    add_weight_sharing_arg(p)
     p.add_argument("--etrecord", action="store_true", help="also write an ETRecord for devtools")
     add_logging_args(p)
     return p
@@ -80,7 +89,8 @@ def _main(argv: Sequence[str] | None) -> int:
         else _default_recipe(args.source, backend)
     )
     config = CompileConfig(backend=backend, recipe=recipe, soc=args.soc, etrecord=args.etrecord,
-                           htp_performance_mode=args.htp_performance_mode)
+                           htp_performance_mode=args.htp_performance_mode,
+                           weight_sharing=bool(args.weight_sharing))
     from qnn_compile.api import run_compile  # torch is imported only past argument checks
 
     result = run_compile(CompileInput(source=args.source, config=config, out_dir=args.out))

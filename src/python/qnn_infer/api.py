@@ -194,6 +194,14 @@ def _run_infer_causal_lm(
         )
     target, recipe = compiled_for(inp.source, upstream)
     check_program_matches(inp.source, upstream)
+    if upstream.config.get("weight_sharing"):
+        raise ConfigValidationError(
+            "infer", str(inp.source),
+            "this program's methods share one copy of their weights (compiled with "
+            "--weight-sharing), which only a device loads: the x86 HTP emulator refuses it (QNN: "
+            "\"Shared weights buffer isn't supported on this platform\"); compile without "
+            "--weight-sharing to run the program here",
+        )
     runtime = prepare_runtime({target.backend})
     generation_cfg = cfg.generation or GenerationConfig()
     threads = set_cpu_threads(cfg.threads)

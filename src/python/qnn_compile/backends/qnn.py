@@ -86,7 +86,11 @@ def lowering(config: CompileConfig) -> BackendLowering:
     specs = generate_qnn_executorch_compiler_spec(
         soc_model=chipset,
         backend_options=generate_htp_compiler_spec(
-            use_fp16=config.recipe is Recipe.FP16, htp_performance_mode=mode
+            use_fp16=config.recipe is Recipe.FP16, htp_performance_mode=mode,
+            # All methods of a program are lowered in one call, so QNN builds one context
+            # binary holding every method's graph (QnnBackend.preprocess_multimethod); with
+            # weight sharing, that context stores each weight once instead of once per graph.
+            use_weight_sharing=config.weight_sharing,
         ),
     )
     pass_manager_cls: Any = get_qnn_pass_manager_cls(QnnExecuTorchBackendType.kHtpBackend)
@@ -129,6 +133,7 @@ def lowering(config: CompileConfig) -> BackendLowering:
         record={
             **config.target.record(),
             "htp_performance_mode": config.htp_performance_mode,
+            "weight_sharing": config.weight_sharing,
             "qnn_sdk": sdk.record(),
         },
     )
