@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -728,3 +728,25 @@ def test_generation_table_loads_from_toml(write_toml: WriteToml) -> None:
         load_pipeline_toml(write_toml(
             '[pipeline]\nmodel="m"\n[infer.generation]\ntopk = 3\n'
         ))
+
+
+def test_weight_sharing_is_for_qnn_from_v73_and_for_a_device() -> None:
+    assert CompileConfig(
+        backend=Backend.QNN, recipe=Recipe.A16W8, soc="SM8650", weight_sharing=True
+    ).weight_sharing
+    with pytest.raises(ConfigValidationError, match="QNN context feature"):
+        CompileConfig(backend=Backend.XNNPACK, weight_sharing=True)
+    with pytest.raises(ConfigValidationError, match="HTP >= V73, and SM8450 is V69"):
+        CompileConfig(backend=Backend.QNN, recipe=Recipe.A16W8, soc="SM8450", weight_sharing=True)
+    with pytest.raises(ConfigValidationError, match="true or false"):
+        CompileConfig(backend=Backend.QNN, recipe=Recipe.A16W8, soc="SM8650",
+                      weight_sharing=cast(Any, "yes"))
+    # The emulator cannot load such a program: a pipeline that would run it here is refused
+    # before any work; compile-only, or a device run, is not.
+    shared = {"weight_sharing": True}
+    with pytest.raises(ConfigValidationError, match="--stop-after compile"):
+        PipelineContext.create("m", backend="qnn", soc="SM8650", recipe="16a8w", compile=shared)
+    PipelineContext.create("m", backend="qnn", soc="SM8650", recipe="16a8w", compile=shared,
+                           stop_after="compile")
+    PipelineContext.create("m", backend="qnn", soc="SM8650", recipe="16a8w", compile=shared,
+                           infer={"device": "auto"})
