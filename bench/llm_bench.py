@@ -68,16 +68,25 @@ def _run(model: str, recipe: str, work: Path, args: argparse.Namespace) -> dict[
     shapes = ["--max-seq-len", str(args.max_seq_len), "--prefill-len", str(args.prefill_len)]
     prep, quant, comp, inf = (work / recipe / s
                               for s in ("prepare", "quantize", "compile", "infer"))
-    row: dict[str, Any] = {"recipe": recipe, "seconds": {}, "peak_rss_mb": {}}
+    row: dict[str, Any] = {"recipe": recipe, "backend": args.backend, "seconds": {},
+                           "peak_rss_mb": {}}
+    qnn = args.backend == "qnn"
+    target = ["--backend", args.backend] + (["--soc", args.soc] if qnn else [])
     steps = [("prepare", ["qnn_prepare.cli", "--model", model, "--kv-cache", *shapes,
-                          "--calibration-samples", "8", "-o", str(prep), "-q"])]
+                          *(["--kv-io"] if qnn else []),
+                          "--calibration-samples", str(args.calibration_samples),
+                          "-o", str(prep), "-q"])]
     source = prep
-    if recipe != "fp32":
-        steps.append(("quantize", ["qnn_quant.cli", str(prep), "--recipe", recipe,
+    if recipe not in ("fp32", "fp16"):
+        steps.append(("quantize", ["qnn_quant.cli", str(prep), *target, "--recipe", recipe,
                                    "-o", str(quant), "-q"]))
         source = quant
-    steps.append(("compile", ["qnn_compile.cli", str(source), "--recipe", recipe,
+    steps.append(("compile", ["qnn_compile.cli", str(source), *target, "--recipe", recipe,
                               "-o", str(comp), "-q"]))
+    if qnn:  # the device program: one copy of the weights for both methods
+        steps.append(("compile_shared", ["qnn_compile.cli", str(source), *target, "--recipe",
+                                         recipe, "--weight-sharing", "-o",
+                                         str(work / recipe / "shared"), "-q"]))
     steps.append(("infer", ["qnn_infer.cli", str(comp), "--prompt", PROMPT, "--no-stream",
                             "--max-new-tokens", str(args.new_tokens), "--threads",
                             str(args.threads), "-o", str(inf), "-q"]))
@@ -89,8 +98,14 @@ def _run(model: str, recipe: str, work: Path, args: argparse.Namespace) -> dict[
         "ttft_ms", "prefill_tokens_per_s", "decode_tokens_per_s", "new_tokens")}
     row["argmax_agreement_vs_eager"] = metrics["accuracy"]["vs_fp32"]["argmax_agreement"]
     row["perplexity"] = metrics["accuracy"]["perplexity"]  # held-out text: fp32, fake quant, .pte
+    row["sqnr_db"] = {k: round(metrics["accuracy"][k]["sqnr_db"], 1)  # teacher-forced logits
+                      for k in ("vs_fp32", "vs_fake_quant") if k in metrics["accuracy"]}
     row["pte_bytes"] = (comp / "model.pte").stat().st_size
-    row["separate_pte_bytes"] = None if args.no_separate else _separate_size(source, recipe)
+    if qnn:
+        row["shared_pte_bytes"] = (work / recipe / "shared" / "model.pte").stat().st_size
+    row["separate_pte_bytes"] = (
+        None if args.no_separate or qnn else _separate_size(source, recipe)
+    )
     return row
 
 
@@ -131,6 +146,12 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="tiny-llama")
     p.add_argument("--recipes", nargs="+", default=["fp32", "8a8w"])
+    p.add_argument("--backend", choices=["xnnpack", "portable", "qnn"], default="xnnpack",
+                   help="qnn: compiled for --soc and run on the x86 HTP emulator (slow: a "
+                   "few new tokens are enough), and compiled again with --weight-sharing for "
+                   "the device program's size")
+    p.add_argument("--soc", default="SM8650", help="qnn: the SoC (default: %(default)s)")
+    p.add_argument("--calibration-samples", type=int, default=8)
     p.add_argument("--max-seq-len", type=int, default=128)
     p.add_argument("--prefill-len", type=int, default=32)
     p.add_argument("--new-tokens", type=int, default=64)
@@ -164,6 +185,7 @@ def main() -> None:
     result = {
         "model": args.model, "machine": f"{platform.machine()}, {os.cpu_count()} cores",
         "date": time.strftime("%Y-%m-%d"), "torch": torch.__version__,
+        "backend": args.backend, "soc": args.soc if args.backend == "qnn" else None,
         "threads": args.threads, "eager_decode_tokens_per_s": round(eager, 1), "rows": rows,
         "llama_cpp": peer,
     }
@@ -175,16 +197,17 @@ def main() -> None:
     if peer is not None:
         print(f"llama.cpp on the GGUF: decode {peer['decode_tokens_per_s']:.0f} tok/s, prefill "
               f"{peer['prefill_tokens_per_s']:.0f} tok/s, TTFT {peer['ttft_ms']:.1f} ms")
+    qnn = args.backend == "qnn"
+    order = ("prepare", "quantize", "compile", "infer") + (("compile_shared",) if qnn else ())
     print("| recipe | decode tok/s | vs eager | vs llama.cpp | prefill tok/s | TTFT ms "
-          "| argmax vs eager | perplexity (eager fp32) | .pte bytes (2 separate) "
-          "| stage s (prep/quant/comp/infer) | peak RSS MB |")
+          "| argmax vs eager | perplexity (eager fp32) | .pte bytes "
+          + ("(weight-shared, device) " if qnn else "(2 separate) ")
+          + f"| stage s ({'/'.join(order)}) | peak RSS MB |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         g = r["generation"]
-        stages = "/".join(str(r["seconds"].get(s, "-")) for s in
-                          ("prepare", "quantize", "compile", "infer"))
-        rss = "/".join(str(r["peak_rss_mb"].get(s, "-")) for s in
-                       ("prepare", "quantize", "compile", "infer"))
+        stages = "/".join(str(r["seconds"].get(s, "-")) for s in order)
+        rss = "/".join(str(r["peak_rss_mb"].get(s, "-")) for s in order)
         print(f"| {r['recipe']} | {g['decode_tokens_per_s']:.0f} | "
               f"{g['decode_tokens_per_s'] / eager:.1f}x | "
               + (f"{g['decode_tokens_per_s'] / peer['decode_tokens_per_s']:.2f}x | "
@@ -192,7 +215,9 @@ def main() -> None:
               + f"{g['prefill_tokens_per_s']:.0f} | "
               f"{g['ttft_ms']:.1f} | {r['argmax_agreement_vs_eager']:.3f} | "
               f"{r['perplexity']['program']:.3f} ({r['perplexity']['fp32']:.3f}) | "
-              f"{r['pte_bytes']:,} ({_bytes(r['separate_pte_bytes'])}) | {stages} | {rss} |")
+              f"{r['pte_bytes']:,} "
+              f"({_bytes(r['shared_pte_bytes'] if qnn else r['separate_pte_bytes'])}) | "
+              f"{stages} | {rss} |")
 
 
 if __name__ == "__main__":

@@ -45,6 +45,10 @@ def build_parser() -> argparse.ArgumentParser:
     llm = p.add_argument_group("causal LMs")
     llm.add_argument("--kv-cache", action="store_true",
                      help="export prefill + decode methods over a static KV cache (generation)")
+    llm.add_argument("--kv-io", action="store_true",
+                     help="with --kv-cache: the cache as the methods' inputs and outputs, kept "
+                     "by the host (what the qnn backend needs: QNN has no mutable buffers; "
+                     "qnn-pipeline sets it for --backend qnn)")
     llm.add_argument("--max-seq-len", type=int,
                      help="context length of the cache (default: min(512, "
                      "max_position_embeddings))")
@@ -77,6 +81,7 @@ def _main(argv: Sequence[str] | None) -> int:
         calibration_file=args.calibration_file,
         seed=args.seed,
         kv_cache=args.kv_cache,
+        kv_io=args.kv_io,
         max_seq_len=args.max_seq_len,
         prefill_len=args.prefill_len,
     )
