@@ -9,7 +9,7 @@ from qnn_common.config import CompileConfig
 from qnn_common.recipes import Backend, Recipe
 from qnn_compile.backends import lowering_for
 from qnn_compile.backends.qnn import explicit_pool_strides
-from qnn_compile.backends.xnnpack import decompose_layer_norm
+from qnn_compile.backends.xnnpack import decompose_layer_norm, delegable_means
 
 
 def test_xnnpack_lowering_partitions_with_xnnpack() -> None:
@@ -20,7 +20,7 @@ def test_xnnpack_lowering_partitions_with_xnnpack() -> None:
     assert isinstance(partitioner, XnnpackPartitioner)
     assert lowering.record == {"backend": "xnnpack", "soc": None}
     assert not lowering.expect_full_delegation
-    assert lowering.aten_passes == (decompose_layer_norm,)
+    assert lowering.aten_passes == (decompose_layer_norm, delegable_means)
     assert len(lowering.recipe.edge_transform_passes) == 1
 
 
@@ -58,6 +58,50 @@ def test_xnnpack_takes_layer_norm_and_noop_expands() -> None:
     ep = torch.export.export(_NormAttention().eval(), (x,), strict=False)
     lowered = lower_program(ep, lowering_for(CompileConfig(backend=Backend.XNNPACK)))
     assert lowered.op_counts == {}
+    assert lowered.partitions == 1
+
+
+class _RmsNormHead(torch.nn.Module):
+    """Llama's RMSNorm (a mean of squares over the last dimension), then a linear; and a mean
+    over another dimension, which stays as it is."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.rand(16) + 0.5)
+        self.proj = torch.nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        norm = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.weight
+        return self.proj(norm), x.mean(1)
+
+
+def _means(program: torch.export.ExportedProgram) -> list[list[int]]:
+    return [list(n.args[1]) for n in program.graph.nodes
+            if n.target is torch.ops.aten.mean.dim]
+
+
+def test_last_dim_means_become_global_average_pooling_and_match() -> None:
+    x = torch.randn(1, 5, 16)
+    model = _RmsNormHead().eval()
+    ep = torch.export.export(model, (x,), strict=False)
+    assert _means(ep) == [[-1], [1]]
+    rewritten = delegable_means(ep)
+    assert _means(rewritten) == [[2, 3], [1]]  # the mean over dim 1 is not the norm's
+    torch.testing.assert_close(rewritten.module()(x), model(x), rtol=1e-6, atol=1e-6)
+
+
+def test_xnnpack_takes_rms_norm_whole() -> None:
+    """Before the rewrite the norm's mean ran on the portable kernels between two partitions."""
+    from qnn_compile.lower import lower_program
+
+    x = torch.randn(1, 5, 16)
+    model = _RmsNormHead().eval()
+    lowered = lower_program(
+        torch.export.export(model, (x,), strict=False),
+        lowering_for(CompileConfig(backend=Backend.XNNPACK)),
+    )
+    # Only the other mean (over dim 1: XNNPACK pools the innermost dimensions only) is left.
+    assert lowered.op_counts == {"aten.mean.dim": 1}
     assert lowered.partitions == 1
 
 

@@ -8,6 +8,10 @@ runtime):
   takes: the input viewed as ``[1, rows, features, 1]``, `mean.dim` over dims (2, 3) (XNNPACK's
   global average pooling, the only mean it accepts), `sub`, `mul`, `add`, `rsqrt`, then the
   affine weight and bias. MiniLM: its 13 layer norms.
+* `mean.dim` over the last dimension (RMSNorm's mean of squares: every Llama-family decoder has
+  two per layer and one before the head) is the same global average pooling on the input viewed
+  as ``[1, rows, features, 1]``, viewed back. SmolLM2: 61 per method, each one split a
+  partition (every split a runtime round trip per generated token).
 * `expand_copy` that expands to the shape it already has: `matmul` of two 4-D tensors reaches
   the edge dialect as expand + view + bmm, and the expand is a no-op copy XNNPACK does not take
   (MiniLM: 24 of them, two per attention matmul). ExecuTorch's own `RemoveNoopExpandCopyPass`
@@ -80,6 +84,53 @@ def decompose_layer_norm(program: ExportedProgram) -> ExportedProgram:
     return decomposed
 
 
+def _last_dim_mean(node: torch.fx.Node) -> bool:
+    """A float `mean.dim` over only the last dimension of a static-shape tensor that XNNPACK's
+    own rule (4-D, dims (2, 3)) would refuse."""
+    if node.op != "call_function" or node.target is not torch.ops.aten.mean.dim:
+        return False
+    x = node.args[0]
+    val = x.meta.get("val") if isinstance(x, torch.fx.Node) else None
+    if not isinstance(val, torch.Tensor) or val.dtype != torch.float32 or node.kwargs:
+        return False
+    if not all(isinstance(d, int) for d in val.shape) or val.dim() < 1:
+        return False
+    dims = node.args[1] if len(node.args) > 1 else None
+    if not isinstance(dims, list | tuple) or len(dims) != 1:
+        return False
+    last = int(dims[0]) % val.dim() == val.dim() - 1
+    return last and not (val.dim() == 4 and val.shape[-1] == 1)
+
+
+def delegable_means(program: ExportedProgram) -> ExportedProgram:
+    """`program` with every last-dimension `mean.dim` spelled as XNNPACK's global average
+    pooling (module docstring): the same sum and division, inside the delegate."""
+    gm = program.graph_module
+    means = [n for n in gm.graph.nodes if _last_dim_mean(n)]
+    if not means:
+        return program
+    for node in means:
+        x = node.args[0]
+        assert isinstance(x, torch.fx.Node)
+        shape = list(x.meta["val"].shape)
+        keepdim = len(node.args) > 2 and bool(node.args[2])
+        features = shape[-1]
+        rows = math.prod(shape) // features
+        aten = torch.ops.aten
+        with gm.graph.inserting_before(node):
+            x4 = gm.graph.call_function(aten.reshape.default, (x, [1, rows, features, 1]))
+            pooled = gm.graph.call_function(aten.mean.dim, (x4, [2, 3], True))
+            out = gm.graph.call_function(
+                aten.reshape.default, (pooled, shape[:-1] + ([1] if keepdim else []))
+            )
+        node.replace_all_uses_with(out)
+        gm.graph.erase_node(node)
+    gm.recompile()
+    # Retraced: the new nodes get their shapes, and reshape becomes the view it is here.
+    retraced: ExportedProgram = program.run_decompositions({})
+    return retraced
+
+
 def _remove_noop_expand_copies(method: str, program: ExportedProgram) -> list[Any]:
     """Edge transform passes for `program` (one method): drop expand_copy nodes that copy."""
     from executorch.backends.xnnpack._passes.remove_noop_expand_copy_pass import (
@@ -102,7 +153,7 @@ def lowering(config: CompileConfig) -> BackendLowering:
             partitioners=[logged_partitioner(XnnpackPartitioner)()],
             edge_transform_passes=[_remove_noop_expand_copies],
         ),
-        aten_passes=(decompose_layer_norm,),
+        aten_passes=(decompose_layer_norm, delegable_means),
         context=lambda: logging_partitions(XnnpackBackend),
         record=config.target.record(),
     )
