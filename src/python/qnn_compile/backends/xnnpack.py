@@ -96,9 +96,9 @@ def _last_dim_mean(node: torch.fx.Node) -> bool:
     if not all(isinstance(d, int) for d in val.shape) or val.dim() < 1:
         return False
     dims = node.args[1] if len(node.args) > 1 else None
-    if not isinstance(dims, list | tuple) or len(dims) != 1:
+    if not isinstance(dims, list | tuple) or len(dims) != 1 or not isinstance(dims[0], int):
         return False
-    last = int(dims[0]) % val.dim() == val.dim() - 1
+    last = dims[0] % val.dim() == val.dim() - 1
     return last and not (val.dim() == 4 and val.shape[-1] == 1)
 
 
