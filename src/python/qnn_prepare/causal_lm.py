@@ -25,6 +25,7 @@ from torch import nn
 from qnn_common.errors import ArtifactError, ConfigValidationError
 from qnn_common.hf_untrusted import HF_LOAD, check_model_dir, read_hf_json
 from qnn_common.llm import DECODE, PREFILL, LlmSpec, check_fits
+from qnn_prepare import grouped_attention
 from qnn_prepare.smollm2 import SMOLLM2, gguf_path, save_smollm2
 from qnn_prepare.tiny_decoders import (
     TINY_CONTEXT,
@@ -278,18 +279,29 @@ class StaticCacheLm(nn.Module):
 
 
 def export_methods(lm: CausalLm) -> dict[str, torch.export.ExportedProgram]:
-    """torch.export ``prefill`` (prefill_len tokens) and ``decode`` (1 token) of one module."""
+    """torch.export ``prefill`` (prefill_len tokens) and ``decode`` (1 token) of one module.
+
+    A decoder with plain scaled dot-product attention is exported with `grouped_attention`
+    (the same values; grouped-query attention without a copy of the cache per query head)."""
     module = StaticCacheLm(lm.hf, lm.spec.max_seq_len).eval()
     n = lm.spec.prefill_len
     shapes = {PREFILL: n, DECODE: 1}
     out = {}
-    with torch.no_grad():
-        for method, length in shapes.items():
-            kwargs = {
-                "input_ids": torch.zeros(1, length, dtype=torch.int64),
-                "cache_position": torch.arange(length, dtype=torch.int64),
-            }
-            out[method] = torch.export.export(module, (), kwargs, strict=False)
+    config: Any = lm.hf.config
+    own = config._attn_implementation
+    if grouped_attention.uses_plain_attention(lm.hf):
+        grouped_attention.register()
+        config._attn_implementation = grouped_attention.NAME
+    try:
+        with torch.no_grad():
+            for method, length in shapes.items():
+                kwargs = {
+                    "input_ids": torch.zeros(1, length, dtype=torch.int64),
+                    "cache_position": torch.arange(length, dtype=torch.int64),
+                }
+                out[method] = torch.export.export(module, (), kwargs, strict=False)
+    finally:
+        config._attn_implementation = own  # the eager references keep transformers' own
     return out
 
 
