@@ -113,7 +113,6 @@ XNNPACK_OUTSIDE: Outside = {
             "aten.unsqueeze_copy.default",
         )
     },
-    "mean_dim": {"*": ("aten.mean.dim",)},
     "mean_dim_none": {"fp32": ("aten.mean.dim",)},
     "mean_keepdim_neg": {"*": ("aten.mean.dim",)},
     "mish": {"*": ("aten.gt.Scalar", "aten.log1p.default", "aten.where.self")},
