@@ -12,6 +12,8 @@ teacher-forced logits of the program against the eager fp32 HF model and the eag
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,7 @@ from typing import Any
 import pytest
 import torch
 
+from qnn_common.child_env import python_child_env
 from qnn_common.config import PipelineContext, Stage
 from qnn_common.manifest import load_manifest
 from qnn_pipeline.orchestrator import run_pipeline
@@ -116,6 +119,23 @@ def test_xnnpack_delegate_holds_every_linear_as_int8_dynamic_x_int4_or_int8(
         _artifact(summary, Stage.PREPARE), expect_stage=Stage.PREPARE
     ).metrics["parameters"]
     assert compiled.metrics["pte_bytes"] < 0.7 * 4 * parameters
+
+
+def test_the_infer_cli_runs_the_program_in_a_process_of_its_own(
+    xnnpack: tuple[dict[str, Any], list[str]], tmp_path: Path,
+) -> None:
+    """As a user runs the stages one by one: a fresh process that compiled nothing must register
+    the quantized kernels itself (the embedding lookups are quantized_decomposed ops)."""
+    summary, _ = xnnpack
+    out = tmp_path / "infer"
+    done = subprocess.run(
+        [sys.executable, "-m", "qnn_infer.cli", str(_artifact(summary, Stage.COMPILE)),
+         "--prompt", PROMPT, "--max-new-tokens", "4", "--no-stream", "-o", str(out), "-q"],
+        env=python_child_env(), capture_output=True, text=True, check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    generation = load_manifest(out, expect_stage=Stage.INFER).metrics["generation"]
+    assert generation["new_tokens"] == 4
 
 
 def test_calibration_is_skipped_and_said_so(xnnpack: tuple[dict[str, Any], list[str]]) -> None:

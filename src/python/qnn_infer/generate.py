@@ -30,6 +30,7 @@ from qnn_common.llm import (
     method_steps,
 )
 from qnn_infer.deadline import bound_for, bounded
+from qnn_infer.runtimes import host_runtime
 
 
 @dataclass(frozen=True)
@@ -63,9 +64,7 @@ class PteLm:
     def __init__(
         self, pte: Path, spec: LlmSpec, rope: tuple[torch.Tensor, torch.Tensor] | None = None
     ) -> None:
-        from executorch.runtime import Runtime
-
-        program = Runtime.get().load_program(str(pte))
+        program = host_runtime().load_program(str(pte))
         missing = {PREFILL, DECODE} - set(program.method_names)
         if missing:
             raise ArtifactError(

@@ -8,7 +8,6 @@ emulator). `qnn_infer.device.DeviceRunner` executes on an Android device over ad
 
 from __future__ import annotations
 
-import importlib
 import os
 import tempfile
 from collections.abc import Sequence
@@ -29,6 +28,7 @@ from qnn_common.errors import (
 from qnn_common.noise import native_noise_filtered
 from qnn_infer.deadline import bound_for, bounded
 from qnn_infer.pte import check_pte_header, user_output_count
+from qnn_infer.runtimes import host_runtime
 
 _STAGE = Stage.INFER
 
@@ -122,12 +122,7 @@ class HostRunner:
             )
 
         check_pte_header(self.pte_path)
-        # The kernels import registers the quantized_decomposed q/dq kernels with the runtime, so
-        # that programs with q/dq ops outside a delegate (portable 8a8w, say) can load.
-        importlib.import_module("executorch.kernels.quantized")  # imported for its side effect
-        from executorch.runtime import Runtime
-
-        self._runtime: Any = Runtime.get()
+        self._runtime: Any = host_runtime()
         try:
             self._program: Any = self._runtime.load_program(
                 self.pte_path,

@@ -8,6 +8,7 @@ program names.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 from dataclasses import dataclass, field
@@ -22,6 +23,16 @@ log = logging.getLogger(__name__)
 
 # ExecuTorch's backend ids, as a .pte's delegate entries name them.
 _BACKEND_IDS = {"QnnBackend": Backend.QNN, "XnnpackBackend": Backend.XNNPACK}
+
+
+def host_runtime() -> Any:
+    """ExecuTorch's runtime in this process, with the quantized kernel library registered:
+    programs that run quantized_decomposed ops outside a delegate (portable 8a8w's q / dq, 8da4w's
+    embedding lookups, `embedding_byte` / `embedding_4bit`) fail to load methods without it."""
+    importlib.import_module("executorch.kernels.quantized")  # imported for its side effect
+    from executorch.runtime import Runtime
+
+    return Runtime.get()
 
 
 def delegates_in(pte: Path) -> set[Backend]:
