@@ -109,7 +109,7 @@ def test_xnnpack_delegate_holds_every_linear_as_int8_dynamic_x_int4_or_int8(
     assert record["group_size"] == 32 and record["linears_kept_float"] == {}
     assert record["group_mapping"] == "asymmetric" and record["offset_parameters"] > 0
     assert [path.rpartition(".")[2] for path in record["linears_int8_weights"]] == ["lm_head"]
-    assert list(record["embeddings"].values()) == ["8w (symmetric, one scale per row)"]
+    assert list(record["embeddings"].values()) == ["8w (symmetric, one scale per 32 channels)"]
     assert record["linears_quantized"] == 2 * LINEARS_PER_METHOD
     assert quantized.metrics["quantized_op_kinds"] == {"linear": 2 * LINEARS_PER_METHOD}
     assert quantized.metrics["dynamic_ops"] == 2 * LINEARS_PER_METHOD

@@ -200,14 +200,14 @@ class EmbeddingWeights(enum.StrEnum):
     """8da4w: how embedding tables are stored (`qnn_quant.embedding`); upstream's `--qembedding`."""
 
     FLOAT = "float"
-    # int8, symmetric, one scale per row (per token): a lookup reads whole rows.
+    # int8, symmetric, one scale per group of group_size channels of a row.
     INT8 = "8w"
     # 4-bit, asymmetric groups of group_size input channels (GGUF Q4_1's form for tables).
     INT4 = "4w"
 
 
 # A causal LM's token table is its largest float tensor once the linears are 4-bit (SmolLM2: 113
-# of 229 MB); int8 rows cost ~1/4 of it and move logits less than the 4-bit linears do.
+# of 229 MB); int8 groups cost ~1/4 of it and move logits less than the 4-bit linears do.
 DEFAULT_EMBEDDING_WEIGHTS = EmbeddingWeights.INT8
 
 # HTP arch floors, from the ExecuTorch Qualcomm backend's documentation.

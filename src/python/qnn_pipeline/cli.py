@@ -85,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="8da4w: 4-bit groups from their minimum to their maximum (asymmetric, "
                    "the default) or symmetric around 0 (upstream's); qnn-quant --help says more")
     p.add_argument("--embedding-weights", choices=[e.value for e in EmbeddingWeights],
-                   help="8da4w: embedding tables as int8 rows (8w, the default), 4-bit groups "
+                   help="8da4w: embedding tables as int8 groups (8w, the default), 4-bit groups "
                    "(4w) or float")
     p.add_argument("--seq-len", type=int, help="token length for text models (default: 128)")
     p.add_argument("--calibration-samples", type=int, help="default: 16")

@@ -78,8 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
                    f"({', '.join(DEFAULT_INT8_WEIGHTS)}); --int8-weights '' for none")
     p.add_argument("--embedding-weights", choices=[e.value for e in EmbeddingWeights],
                    default=DEFAULT_EMBEDDING_WEIGHTS.value,
-                   help="8da4w: embedding tables as int8 with one scale per row (8w), 4-bit "
-                   "asymmetric groups of --group-size (4w) or float; looked up by ExecuTorch's "
+                   help="8da4w: embedding tables as int8 (8w) or 4-bit asymmetric (4w) "
+                   "groups of --group-size channels, or float; looked up by ExecuTorch's "
                    "quantized embedding kernels (upstream's --qembedding). Default: %(default)s")
     p.add_argument("--weight-rounding", choices=[r.value for r in WeightRounding],
                    help="how weights are rounded onto their grid: nearest, or gptq (error "

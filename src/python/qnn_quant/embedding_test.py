@@ -1,4 +1,4 @@
-"""8da4w's embedding tables on real torchao tensors and real exports: int8 rows, 4-bit groups,
+"""8da4w's embedding tables on real torchao tensors and real exports: int8 or 4-bit groups,
 a table tied to the output head, and the float form. (Lowered to ExecuTorch's quantized lookup
 kernels and run: tests/llm/recipe_8da4w_test.py.)"""
 
@@ -70,13 +70,13 @@ def _float_tables(program: torch.export.ExportedProgram) -> list[str]:
             if t.is_floating_point() and tuple(t.shape) == (VOCAB, WIDTH)]
 
 
-def test_int8_rows_are_looked_up_through_a_dequantize_and_the_float_table_is_gone() -> None:
+def test_int8_groups_are_looked_up_through_a_dequantize_and_the_float_table_is_gone() -> None:
     program, _, quantized, record = _quantize(EmbeddingWeights.INT8)
-    assert record == {"embed_tokens": "8w (symmetric, one scale per row)"}
+    assert record == {"embed_tokens": "8w (symmetric, one scale per 32 channels)"}
     table = _lookup_table(program)
     # The pattern ExecuTorch's quant fusion turns into quantized_decomposed.embedding_byte.
     assert str(table.target) == "torchao.dequantize_affine.default"
-    assert table.args[1] == [1, WIDTH] and table.args[5:7] == (-128, 127)
+    assert table.args[1] == [1, 32] and table.args[5:7] == (-128, 127)
     values = _table_values(program)
     assert values.dtype == torch.int8 and tuple(values.shape) == (VOCAB, WIDTH)
     # Tied: the head has its own int8 weight, so nothing reads the float table any more.
@@ -88,7 +88,7 @@ def test_int8_rows_are_looked_up_through_a_dequantize_and_the_float_table_is_gon
 
 def test_4bit_groups_take_the_group_size_and_stay_in_range() -> None:
     program, _, quantized, record = _quantize(EmbeddingWeights.INT4)
-    assert record == {"embed_tokens": "4w (asymmetric, one scale groups of 32)"}
+    assert record == {"embed_tokens": "4w (asymmetric, one scale per 32 channels)"}
     table = _lookup_table(program)
     assert table.args[1] == [1, 32] and table.args[5:7] == (-8, 7)
     values = _table_values(program)
@@ -105,7 +105,7 @@ def test_float_keeps_the_table() -> None:
     assert _float_tables(program)  # (under both of its tied names)
 
 
-def test_int8_rows_lose_less_than_4bit_groups() -> None:
+def test_int8_groups_lose_less_than_4bit_groups() -> None:
     _, _, float_table, _ = _quantize(EmbeddingWeights.FLOAT)
     _, _, int8, _ = _quantize(EmbeddingWeights.INT8)
     _, _, int4, _ = _quantize(EmbeddingWeights.INT4)
