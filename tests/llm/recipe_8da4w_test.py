@@ -24,6 +24,7 @@ import torch
 from qnn_common.child_env import python_child_env
 from qnn_common.config import PipelineContext, Stage
 from qnn_common.manifest import load_manifest
+from qnn_infer import cli as infer_cli  # imported: the child runs it (and Pants sees it)
 from qnn_pipeline.orchestrator import run_pipeline
 from qnn_testing.xnnpack_graph import (
     DYNAMIC_INT8_X_BLOCKWISE_INT4,
@@ -129,7 +130,7 @@ def test_the_infer_cli_runs_the_program_in_a_process_of_its_own(
     summary, _ = xnnpack
     out = tmp_path / "infer"
     done = subprocess.run(
-        [sys.executable, "-m", "qnn_infer.cli", str(_artifact(summary, Stage.COMPILE)),
+        [sys.executable, "-m", infer_cli.__name__, str(_artifact(summary, Stage.COMPILE)),
          "--prompt", PROMPT, "--max-new-tokens", "4", "--no-stream", "-o", str(out), "-q"],
         env=python_child_env(), capture_output=True, text=True, check=False,
     )
