@@ -21,7 +21,6 @@ leaves the program.
 from __future__ import annotations
 
 import operator
-import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,10 +28,8 @@ import torch
 from torch import nn
 
 from qnn_common.recipes import EmbeddingWeights
-from qnn_quant.graph_params import free_name, owner, set_weight
+from qnn_quant.graph_params import INT4, give_quantized_weight, owner
 from qnn_quant.layers import module_path
-
-INT4: torch.dtype = torch.int4  # type: ignore[attr-defined]  # missing from torch's stubs
 
 
 @dataclass(frozen=True)
@@ -122,16 +119,7 @@ def quantize_embeddings(
             continue
         quantized = _quantized_table(table, form)
         tables.append(table)
-        if _read_elsewhere(gm, node, table_node):
-            name = free_name(gm, f"{path}.weight" if module_path(node) else f"{node.name}_weight")
-            set_weight(gm, name, quantized)
-            with gm.graph.inserting_before(node), warnings.catch_warnings():
-                # fx finds no parameter of that name: it is the parametrization's property.
-                warnings.filterwarnings("ignore", "Attempted to insert a get_attr Node")
-                new_table = gm.graph.get_attr(name)
-        else:
-            set_weight(gm, str(table_node.target), quantized)
-            new_table = table_node
+        new_table = give_quantized_weight(gm, node, table_node, quantized, module_path(node))
         # The quantized tensor implements F.embedding (torch function level), as it does
         # F.linear; aten.embedding's arguments are (table, indices), F.embedding's the reverse.
         node.target = torch.nn.functional.embedding
@@ -141,16 +129,6 @@ def quantize_embeddings(
     _drop_unread(gm, tables)
     gm.recompile()
     return done
-
-
-def _read_elsewhere(
-    gm: torch.fx.GraphModule, node: torch.fx.Node, table_node: torch.fx.Node
-) -> bool:
-    """Whether anything but `node` reads the table (a tied output head still in float)."""
-    return any(u is not node for u in table_node.users) or any(
-        n is not table_node and n.op == "get_attr" and n.target == table_node.target
-        for n in gm.graph.nodes
-    )
 
 
 def _drop_unread(gm: torch.fx.GraphModule, tables: list[torch.Tensor]) -> None:

@@ -5,9 +5,14 @@ linears, `qnn_quant.embedding` for lookup tables)."""
 from __future__ import annotations
 
 import operator
+import warnings
 
 import torch
 from torch import nn
+
+# The 4-bit weight dtype: real since torch 2.3 (the sub-byte ints), missing from torch's type
+# stubs: silenced once here rather than at every use.
+INT4: torch.dtype = torch.int4  # type: ignore[attr-defined]
 
 
 def owner(gm: torch.fx.GraphModule, dotted: str) -> tuple[nn.Module, str]:
@@ -64,3 +69,30 @@ def free_name(gm: torch.fx.GraphModule, wanted: str) -> str:
             return name
         i += 1
         name = f"{wanted}_{i}"
+
+
+def give_quantized_weight(
+    gm: torch.fx.GraphModule, node: torch.fx.Node, weight_node: torch.fx.Node,
+    value: nn.Parameter, path: str | None,
+) -> torch.fx.Node:
+    """Register `value` (a quantized weight) for `node`, which reads the constant `weight_node`,
+    and return the get_attr node `node` must read it through.
+
+    Read by `node` alone, the constant is replaced under its own name. Read by others too (a
+    tied embedding and output head), it stays float for them, and `value` goes under a free
+    name near `path`'s weight (`node`'s name when it has no module path).
+    """
+    shared = any(u is not node for u in weight_node.users) or any(
+        n is not weight_node and n.op == "get_attr" and n.target == weight_node.target
+        for n in gm.graph.nodes
+    )
+    if not shared:
+        set_weight(gm, str(weight_node.target), value)
+        return weight_node
+    name = free_name(gm, f"{path}.weight" if path else f"{node.name}_weight")
+    set_weight(gm, name, value)  # before the get_attr that names it
+    # fx looks for a parameter, buffer or module of that name and warns that none exists: the
+    # weight is the parametrization's property, which does resolve.
+    with gm.graph.inserting_before(node), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "Attempted to insert a get_attr Node")
+        return gm.graph.get_attr(name)

@@ -43,7 +43,6 @@ import logging
 import operator
 import re
 import time
-import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -67,7 +66,7 @@ from qnn_common.recipes import (
 )
 from qnn_common.target import Target
 from qnn_quant.embedding import embedding_form, quantize_embeddings
-from qnn_quant.graph_params import add_param, free_name, set_weight
+from qnn_quant.graph_params import INT4, add_param, give_quantized_weight
 from qnn_quant.layers import module_path
 from qnn_quant.quantized_ops import NothingQuantizedError
 
@@ -75,9 +74,6 @@ log = logging.getLogger(__name__)
 
 # torchao's scale choice for this recipe in ExecuTorch's LLM export (see the module docstring).
 CHOOSE_QPARAMS_ALGORITHM = "hqq_scale_only"
-# The 4-bit weight dtype: real since torch 2.3 (the sub-byte ints), missing from torch's type
-# stubs: silenced once here rather than at every use.
-INT4: torch.dtype = torch.int4  # type: ignore[attr-defined]
 
 
 @dataclass
@@ -260,23 +256,9 @@ def quantize_graph_8da4w(
             quantized = _symmetric_int4(q, scale, group_size)
         else:
             quantized = _torchao_weight(weight, _config(group_size))
-        shared = any(
-            u is not node for u in weight_node.users
-        ) or any(
-            n is not weight_node and n.op == "get_attr" and n.target == weight_node.target
-            for n in gm.graph.nodes
-        )
-        if shared:
-            name = free_name(gm, f"{path}.weight" if module_path(node) else f"{node.name}_weight")
-            set_weight(gm, name, quantized)  # before the get_attr that names it
-            # fx looks for a parameter, buffer or module of that name and warns that none
-            # exists: the weight is the parametrization's property, which does resolve.
-            with gm.graph.inserting_before(node), warnings.catch_warnings():
-                warnings.filterwarnings("ignore", "Attempted to insert a get_attr Node")
-                new_weight = gm.graph.get_attr(name)
+        new_weight = give_quantized_weight(gm, node, weight_node, quantized, module_path(node))
+        if new_weight is not weight_node:
             node.replace_input_with(weight_node, new_weight)
-        else:
-            set_weight(gm, str(weight_node.target), quantized)
         # The quantized weight implements F.linear (torch function level): the call must reach
         # it as F.linear, or it is dispatched as aten.t + mm, which the subclass refuses.
         node.target = torch.nn.functional.linear
