@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from qnn_quant.intx import INT4
+from qnn_quant.graph_params import INT4
 
 GROUP = 32
 
