@@ -30,7 +30,7 @@ class OpCase:
     `smoke`: in the subset every other HTP arch runs by default; `qnn`: run at every precision on
     V75 by default (every other case runs there once, see qnn_testing.matrix).
     `integer`: integer / bool outputs, compared exactly, with no q/dq expected. `linear`: the
-    module has a linear layer LPBQ can block (without one, 16a4w_block must be refused).
+    module has a layer LPBQ can block (a linear, or a 1x1 convolution of 16n input channels) (without one, 16a4w_block must be refused).
     """
 
     name: str
@@ -214,13 +214,15 @@ def qnn_lowering_fails(precisions: str, reason: str, match: str) -> Rule:
     return Rule("qnn-v75", precisions, outcome=Raises(StageError, reason, match=match))
 
 
-# LPBQ (16a4w_block) blocks linear weights only: a case with no linear has nothing to block.
+# LPBQ (16a4w_block) blocks the weights of linears and 1x1 convolutions whose input channels
+# divide into blocks (qnn_quant.quantizers.qnn): a case with neither has nothing to block.
 NO_LINEAR_LPBQ = Rule(
     targets="qnn-*",
     precisions="16a4w_block",
     outcome=Raises(
         ConfigValidationError,
-        "LPBQ (16a4w_block) quantizes linear weights in blocks; this case has no linear layer",
+        "LPBQ (16a4w_block) blocks linear and 1x1 convolution weights; this case has no "
+        "such layer with input channels in whole blocks",
         match="block",
     ),
 )
