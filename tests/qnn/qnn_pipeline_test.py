@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from qnn_common.config import PipelineContext, Stage
 from qnn_common.errors import BackendNotAvailableError, ConfigValidationError
@@ -93,6 +94,26 @@ def test_lpbq_blocks_linears_and_pointwise_convs(out: Path) -> None:
     # Measured 36.9 dB for the 1x1 convolution alone; blocked 3x3 ones read 0.5 dB.
     assert float(summary["accuracy"]["sqnr_db_vs_fake_quant"]) >= 30.0
     assert _manifest(summary, Stage.COMPILE).metrics["non_delegated_ops"] == 0
+
+
+@pytest.mark.parametrize("recipe", [Recipe.A8W8, Recipe.A16W8])
+def test_a_weight_shared_by_a_conv_and_a_linear(out: Path, recipe: Recipe) -> None:
+    # Issue 23, class 4: the linear read the weight through a reshape, quantized as an activation
+    # and then per channel; QNN's AnnotateQuantAttrs failed on it (so do the plain upstream calls).
+    summary = _run(out, "support.conv_models:shared_weight", "SM8650", recipe)
+    # Measured 45.9 dB (8a8w) and 83.7 dB (16a8w).
+    assert float(summary["accuracy"]["sqnr_db_vs_fake_quant"]) >= 35.0
+    (entry,) = (s for s in summary["stages"] if s["name"] == Stage.QUANTIZE.value)
+    graph = load_program(Path(entry["artifact"]) / PROGRAM).graph
+    per_channel = [
+        n for n in graph.nodes
+        if str(n.target) == "quantized_decomposed.dequantize_per_channel.default"
+        and n.args[-1] in (torch.int8, torch.uint8)
+    ]
+    assert len(per_channel) == 2  # the convolution's weight and the linear's, each once
+    assert not any(str(n.target).endswith("quantize_per_channel.default")
+                   and not str(n.target).startswith("quantized_decomposed.de")
+                   for n in graph.nodes)  # no weight re-quantized in the graph
 
 
 def test_minilm_16a8w_on_sm8550(out: Path) -> None:

@@ -7,6 +7,13 @@ Hugging Face's `Conv1D` (GPT-2, its attention and MLP projections) computes
 8a8w got no q/dq at all in its projections. Each becomes `linear(x, weight.t(), bias)`, which
 computes the same values and is quantized like any linear (per-channel weights included: the
 transposed weight's rows are the output channels).
+
+A layer whose weight is a *view* of a constant (`linear(x, conv.weight.reshape(o, i))`: one
+weight shared by a convolution and a linear) gets that view folded into a constant of its own
+(`constant_weight_views_folded`). Left as a view, the quantizer treats the view as an
+activation: the shared weight was quantized per tensor at the activation's bits, then again per
+channel for the linear, and QNN's lowering failed on the re-quantization (`AnnotateQuantAttrs`:
+`KeyError: 'scale'`), as it does for the plain upstream calls.
 """
 
 from __future__ import annotations
@@ -14,6 +21,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+
+from qnn_quant.graph_params import add_param
 
 aten = torch.ops.aten
 
@@ -75,3 +84,65 @@ def constant_matmuls_as_linear(gm: torch.fx.GraphModule) -> int:
         gm.graph.lint()
         gm.recompile()
     return count
+
+
+# Ops that only re-index their input: a chain of them over a constant is a constant.
+_VIEWS = frozenset({
+    aten.t.default, aten.permute.default, aten.transpose.int, aten.reshape.default,
+    aten.view.default, aten.unsqueeze.default, aten.squeeze.dim, aten.squeeze.default,
+    aten.squeeze.dims, aten.flatten.using_ints, aten.contiguous.default,
+})
+_WEIGHTED = frozenset({
+    aten.linear.default, aten.conv1d.default, aten.conv2d.default, aten.conv3d.default,
+})
+
+
+def _view_chain(node: Any) -> tuple[torch.fx.Node, list[torch.fx.Node]] | None:
+    """(the constant, the views applied to it in order) when `node` is a non-empty chain of
+    views over a get_attr, else None."""
+    chain: list[torch.fx.Node] = []
+    while isinstance(node, torch.fx.Node) and node.op == "call_function" \
+            and node.target in _VIEWS:
+        chain.append(node)
+        node = node.args[0]
+    if not chain or not isinstance(node, torch.fx.Node) or node.op != "get_attr":
+        return None
+    return node, chain[::-1]
+
+
+def constant_weight_views_folded(gm: torch.fx.GraphModule) -> int:
+    """Give every linear / convolution whose weight is a view of a constant that view as a
+    constant of its own, in place; the count. The constant itself is kept for its other uses."""
+    count = 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target not in _WEIGHTED or len(node.args) < 2:
+            continue
+        found = _view_chain(node.args[1])
+        if found is None:
+            continue
+        root, chain = found
+        value = _attr(gm, str(root.target))
+        with torch.no_grad():
+            folded = value.detach()
+            for view in chain:
+                folded = view.target(folded, *view.args[1:], **view.kwargs)  # type: ignore[operator]
+            folded = folded.contiguous().clone()
+        name = add_param(gm, f"{root.target}_folded", folded)
+        with gm.graph.inserting_before(node):
+            weight = gm.graph.get_attr(name)
+        weight.meta = dict(chain[-1].meta)
+        node.replace_input_with(chain[-1], weight)
+        count += 1
+    if count:
+        gm.graph.eliminate_dead_code()
+        gm.graph.lint()
+        gm.recompile()
+    return count
+
+
+def _attr(gm: torch.fx.GraphModule, dotted: str) -> torch.Tensor:
+    holder: Any = gm
+    for part in dotted.split("."):
+        holder = getattr(holder, part)
+    assert isinstance(holder, torch.Tensor), dotted
+    return holder

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from qnn_quant.graph_rewrites import constant_matmuls_as_linear
+from qnn_quant.graph_rewrites import constant_matmuls_as_linear, constant_weight_views_folded
 
 
 class _Products(torch.nn.Module):
@@ -52,3 +52,31 @@ def test_a_scaled_addmm_is_left_alone(alpha: float) -> None:
     gm, _ = _gm(alpha)
     assert constant_matmuls_as_linear(gm) == 1  # only the matmul
     assert "aten.addmm.default" in _ops(gm)
+
+
+class _SharedWeight(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(1126)
+        self.conv = torch.nn.Conv2d(8, 4, 1)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        linear = torch.nn.functional.linear(y, self.conv.weight.reshape(4, 8).t().t())
+        return self.conv(x).mean((2, 3)) + linear
+
+
+def test_a_weight_read_through_views_becomes_a_constant_of_its_own() -> None:
+    args = (torch.randn(1, 8, 2, 2), torch.randn(1, 8))
+    gm = torch.export.export(_SharedWeight().eval(), args, strict=False).module()
+    with torch.no_grad():
+        before = gm(*args)
+
+    assert constant_weight_views_folded(gm) == 1
+
+    (linear,) = (n for n in gm.graph.nodes if n.target == torch.ops.aten.linear.default)
+    (conv,) = (n for n in gm.graph.nodes if n.target == torch.ops.aten.conv2d.default)
+    assert linear.args[1].op == "get_attr" and conv.args[1].op == "get_attr"
+    assert linear.args[1].target != conv.args[1].target  # the conv keeps its own weight
+    assert not {"aten.reshape.default", "aten.t.default"} & set(_ops(gm))
+    with torch.no_grad():
+        torch.testing.assert_close(gm(*args), before)

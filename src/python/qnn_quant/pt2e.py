@@ -41,7 +41,7 @@ from qnn_common.recipes import (
 from qnn_common.target import Target
 from qnn_common.tensorio import ModelInputs, as_model_inputs
 from qnn_quant.gptq import GptqResult, pin_weight_scales, round_weights
-from qnn_quant.graph_rewrites import constant_matmuls_as_linear
+from qnn_quant.graph_rewrites import constant_matmuls_as_linear, constant_weight_views_folded
 from qnn_quant.intx import IntxResult, quantize_program_8da4w
 from qnn_quant.layers import LayerPlan, plan_layers
 from qnn_quant.quantized_ops import NothingQuantizedError, is_observer, quantized_op_count
@@ -164,6 +164,9 @@ def float_graph(ep: ExportedProgram) -> torch.fx.GraphModule:
     rewritten = constant_matmuls_as_linear(graph_module)
     if rewritten:
         log.info("%d constant-weight addmm / mm / matmul rewritten as linear", rewritten)
+    folded = constant_weight_views_folded(graph_module)
+    if folded:
+        log.info("%d layer weights that were views of a constant folded into constants", folded)
     return graph_module
 
 
