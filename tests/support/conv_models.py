@@ -17,7 +17,8 @@ class PointwiseAndSpatial(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.pointwise(torch.relu(self.spatial(x)))  # [1, 16, 4, 8]
-        return self.head(y.reshape(1, 16, 32))
+        out: torch.Tensor = self.head(y.reshape(1, 16, 32))
+        return out
 
 
 def pointwise_and_spatial() -> tuple[nn.Module, tuple[torch.Tensor]]:
@@ -35,10 +36,12 @@ class SharedWeight(nn.Module):
 
     def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         linear = nn.functional.linear(y, self.conv.weight.reshape(8, 8))
-        return self.conv(x).mean((2, 3)) + linear
+        out: torch.Tensor = self.conv(x).mean((2, 3)) + linear
+        return out
 
 
 def shared_weight() -> tuple[nn.Module, tuple[torch.Tensor, torch.Tensor]]:
     torch.manual_seed(23)
     g = torch.Generator().manual_seed(4)
-    return SharedWeight().eval(), (torch.randn(1, 8, 4, 4, generator=g), torch.randn(1, 8, generator=g))
+    x, y = torch.randn(1, 8, 4, 4, generator=g), torch.randn(1, 8, generator=g)
+    return SharedWeight().eval(), (x, y)

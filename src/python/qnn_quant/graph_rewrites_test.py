@@ -62,7 +62,8 @@ class _SharedWeight(torch.nn.Module):
 
     def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         linear = torch.nn.functional.linear(y, self.conv.weight.reshape(4, 8).t().t())
-        return self.conv(x).mean((2, 3)) + linear
+        out: torch.Tensor = self.conv(x).mean((2, 3)) + linear
+        return out
 
 
 def test_a_weight_read_through_views_becomes_a_constant_of_its_own() -> None:

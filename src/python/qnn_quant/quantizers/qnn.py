@@ -118,13 +118,13 @@ def _blockable(node: torch.fx.Node, block: int) -> torch.fx.Node | None:
     Larger convolution windows are left per channel: QNN 2.51's emulator computes garbage for
     a blocked 3x3 convolution, both with a block spanning the window (one scale per output
     channel and input block, the only layout QNN's blockwise expansion can hold) and with
-    upstream's `(1, block, 1, 1)` (measured: 0.5 and -1 dB against the fake-quantized model,
-    where a blocked 1x1 convolution matches it to 37 dB). Upstream blocks 1x1 convolutions:
-    its LLMs run their linears as them."""
-    if node.op != "call_function":
+    upstream's `(1, block, 1, 1)`, where a blocked 1x1 convolution matches the fake-quantized
+    model (README, known limits). Upstream blocks 1x1 convolutions: its LLMs run their linears
+    as them."""
+    weight = node.args[1] if node.op == "call_function" and len(node.args) > 1 else None
+    if not isinstance(weight, torch.fx.Node):
         return None
-    weight = node.args[1] if len(node.args) > 1 else None
-    val = weight.meta.get("val") if isinstance(weight, torch.fx.Node) else None
+    val = weight.meta.get("val")
     if not isinstance(val, torch.Tensor) or val.dim() < 2 or val.shape[1] % block:
         return None
     if node.target == torch.ops.aten.linear.default:

@@ -43,7 +43,9 @@ class _Convs(torch.nn.Module):
         self.head = torch.nn.Linear(8, 32)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.narrow(self.grouped(self.spatial(self.pointwise(x)))).mean((2, 3)))
+        y = self.narrow(self.grouped(self.spatial(self.pointwise(x))))
+        out: torch.Tensor = self.head(y.mean((2, 3)))
+        return out
 
 
 def test_lpbq_blocks_linears_and_ungrouped_pointwise_convs_only() -> None:

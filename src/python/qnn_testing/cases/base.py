@@ -30,7 +30,8 @@ class OpCase:
     `smoke`: in the subset every other HTP arch runs by default; `qnn`: run at every precision on
     V75 by default (every other case runs there once, see qnn_testing.matrix).
     `integer`: integer / bool outputs, compared exactly, with no q/dq expected. `linear`: the
-    module has a layer LPBQ can block (a linear, or a 1x1 convolution of 16n input channels) (without one, 16a4w_block must be refused).
+    module has a layer LPBQ can block, a linear or a 1x1 convolution of 16n input channels
+    (without one, 16a4w_block must be refused).
     """
 
     name: str
