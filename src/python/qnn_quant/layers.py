@@ -20,10 +20,9 @@ Dynamic quantization (XNNPACK and portable): a linear layer whose input scale is
 it as its qd8-f32-qc8w GEMM, with one scale per row (token), and writes float: no requantize,
 and outliers in one token do not coarsen the others. On these backends the encoder's linear
 layers (`ENCODER_LINEARS`) quantize dynamically by default, the residual stream stays float, and
-the down projections need no float island. Measured 2026-11-30, all-MiniLM-L6-v2, seq 128, 16
-calibration / 8 held-out samples, XNNPACK, 2 threads: the static default with the down
-projections in float gave .pte cosine vs fp32 0.9933, p50 0.55-0.58x eager fp32; the encoder
-linears dynamic, 0.9986 and 0.39-0.41x. The HTP fixes every scale when its context is built, so
+the down projections need no float island: on all-MiniLM-L6-v2 that is both closer to fp32
+and faster than the static default with the down projections in float (README, "MiniLM
+8a8w ... dynamic encoder linears"). The HTP fixes every scale when its context is built, so
 QNN has no dynamic layers (`qnn_common.recipes.check_dynamic_layers`): there the down projections
 stay float at 8-bit activations (a float layer runs outside the HTP, a partition break; QNN's
 quantizer always annotated the adds), and 16-bit activations have the range to spare, so those

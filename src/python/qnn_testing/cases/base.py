@@ -197,7 +197,7 @@ def nothing_to_quantize(what: str) -> tuple[Rule, ...]:
 
 def qnn_nothing_to_quantize(what: str) -> Rule:
     """On QNN at every quantized precision: refused, since QNN's quantizer annotates none of
-    `what` (measured on V75 at each of them, 2026-11-30)."""
+    `what` (measured on V75 at each of them)."""
     return Rule(
         "qnn-*",
         "*a*w*",

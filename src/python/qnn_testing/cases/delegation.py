@@ -1,6 +1,6 @@
 """How much of each case a backend takes, where it is not everything: measured, not guessed.
 
-Recorded from a coverage run (`tests/op/coverage.py`, executorch 1.5.1, 2026-11-30): the ops
+Recorded from a coverage run (`tests/op/coverage.py`, executorch 1.5.1): the ops
 XNNPACK left to the portable kernels, per case and precision; QNN's, measured on V75, in
 `qnn_testing.cases.delegation_qnn`. Every case not listed must be fully delegated on XNNPACK and
 QNN and not at all on portable. A failure here means a backend now takes more or less: check the
@@ -243,7 +243,7 @@ XNNPACK_OUTSIDE: Outside = {
 }
 
 
-# Issue 8, class 6 (measured 2026-11-30): ops qnn_compile.decompositions rewrites, and what of
+# Issue 8, class 6 (measured): ops qnn_compile.decompositions rewrites, and what of
 # them XNNPACK leaves to the portable kernels. The 3-D cases' 2-D convolutions (from the conv3d
 # in front) take weight slices, not parameters, which XNNPACK refuses.
 DECOMPOSED_OUTSIDE: Outside = {

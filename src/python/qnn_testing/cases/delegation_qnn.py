@@ -1,7 +1,7 @@
 """What the QNN HTP leaves outside its partitions, per case and precision: measured on V75.
 
 Recorded from the default V75 run (the whole catalogue, one precision per case dealt round-robin,
-`tests/op/coverage.py --targets qnn-v75`, executorch 1.5.1, QNN 2.51 x86 emulator, 2026-11-30):
+`tests/op/coverage.py --targets qnn-v75`, executorch 1.5.1, QNN 2.51 x86 emulator):
 the ops QNN's partitioner refused, which then run on the portable kernels, with the outputs still
 checked. Only measured (case, precision) pairs are listed: other precisions keep the default
 (fully delegated) until a `QNN_OP_SUITE=full` run measures them. Keys as in
