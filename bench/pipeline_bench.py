@@ -8,7 +8,7 @@ noisy, so only ratios measured side by side are reported):
 - the plain script: the same export -> PT2E quantize -> lower -> to_executorch -> execute calls
   with nothing around them (no manifests, hashing, references, reports), lowering as stock torch
   does it (`share_provenance=False`: every pass deep-copies every node's provenance, which the
-  compile stage skips, see qnn_compile.provenance; `materialize_cia_once=False`: torch walks its
+  compile stage skips, see qnn_compile.node_sources; `materialize_cia_once=False`: torch walks its
   CIA ops once per op namespace per decomposition, see qnn_compile.cia_ops);
 - the .pte's latency p50 / p90 vs. eager fp32 PyTorch on the same input, threads and run count;
 - with `--rss` (default: minilm), each stage again as its own CLI process, for its peak RSS

@@ -23,7 +23,7 @@ from qnn_common.recipes import Recipe
 from qnn_common.stages import REFERENCE_FP32
 from qnn_common.tensorio import load_samples, save_samples
 from qnn_infer.cli import main as infer_main
-from qnn_infer.gates import AccuracyGateError, check_accuracy_gates, judge_accuracy
+from qnn_infer.gate_check import AccuracyGateError, check_accuracy_gates, judge_accuracy
 from qnn_pipeline.cli import main as pipeline_main
 from support.summary import read_summary
 

@@ -39,7 +39,7 @@ def test_the_same_program_gives_the_same_bytes_under_any_name(tmp_path: Path) ->
 
 def test_saving_leaves_shared_provenance_objects_alone(tmp_path: Path) -> None:
     """The graph ids are renumbered on copies: a NodeSource another program may share (one a
-    lowering shared, see qnn_compile.provenance) keeps its id."""
+    lowering shared, see qnn_compile.node_sources) keeps its id."""
     program = _export().run_decompositions()  # a pass: its nodes record where they came from
     node = next(n for n in program.graph.nodes if n.meta.get("from_node"))
     source = node.meta["from_node"][0]

@@ -32,10 +32,10 @@ from qnn_compile.backends import BackendLowering
 from qnn_compile.cia_ops import materializing_once
 from qnn_compile.decompositions import check_kernels, check_ranks, decompose
 from qnn_compile.native_log import NativeLog
+from qnn_compile.node_sources import sharing_node_sources
 from qnn_compile.partition_legalize import legalizing_in_place
 from qnn_compile.partition_merge import merging_in_linear_checks
 from qnn_compile.partition_recompile import recompiling_once
-from qnn_compile.provenance import sharing_node_sources
 
 _STAGE = Stage.COMPILE
 log = logging.getLogger(__name__)
@@ -94,7 +94,7 @@ def lower_program(
     plus debug handles) so devtools' Inspector can map ETDump events back to source ops.
 
     `share_provenance=False` lowers with torch's own per-pass deep copies of every node's
-    provenance (`qnn_compile.provenance`), `fast_partitioning=False` with ExecuTorch's own
+    provenance (`qnn_compile.node_sources`), `fast_partitioning=False` with ExecuTorch's own
     partition merge (`qnn_compile.partition_merge`) and a code generation and a copy of the
     whole graph per partition cut (`qnn_compile.partition_recompile`,
     `qnn_compile.partition_legalize`), `materialize_cia_once=False` with torch materializing
@@ -116,7 +116,7 @@ def lower_program(
             the upstream error does (and, for QNN, the library's own error lines), and the
             upstream exception is chained.
     """
-    # 25 % of lowering was copying provenance (qnn_compile.provenance); the stock partition
+    # 25 % of lowering was copying provenance (qnn_compile.node_sources); the stock partition
     # merge is cubic in a decoder's depth, cutting the partitions quadratic
     # (qnn_compile.partition_merge, qnn_compile.partition_recompile,
     # qnn_compile.partition_legalize); on small programs most

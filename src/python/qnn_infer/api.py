@@ -42,7 +42,7 @@ from qnn_common.stages import (
 from qnn_common.tensorio import load_inputs, load_samples, save_samples
 from qnn_infer.causal_lm import generation_latency, run_generation, teacher_forced_accuracy
 from qnn_infer.device import device_runner
-from qnn_infer.gates import check_accuracy_gates, judge_accuracy
+from qnn_infer.gate_check import check_accuracy_gates, judge_accuracy
 from qnn_infer.generate import PteLm
 from qnn_infer.isolation import Rehearsal, Step, rehearse_unless_own
 from qnn_infer.measure import measure_latency

@@ -25,7 +25,7 @@ from qnn_common.llm import GenerationConfig, check_seed
 from qnn_common.recipes import Recipe
 from qnn_common.stages import InferInput
 from qnn_infer.deadline import set_run_timeout
-from qnn_infer.gates import GATES, LABELS
+from qnn_infer.gate_check import GATES, LABELS
 
 
 def _default_gates_text() -> str:

@@ -36,7 +36,7 @@ from qnn_common.stages import (
 )
 from qnn_compile.api import compile_cache_key, run_compile
 from qnn_infer.api import infer_cache_key, run_infer
-from qnn_infer.gates import AccuracyGateError, check_accuracy_gates
+from qnn_infer.gate_check import AccuracyGateError, check_accuracy_gates
 from qnn_infer.program_check import check_program_matches
 from qnn_prepare.api import prepare_cache_key, run_prepare
 from qnn_prepare.causal_lm import check_prompt_fits

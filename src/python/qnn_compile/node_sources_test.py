@@ -13,7 +13,7 @@ from qnn_common.config import CompileConfig
 from qnn_common.recipes import Backend, Recipe
 from qnn_compile.backends import lowering_for
 from qnn_compile.lower import lower_program
-from qnn_compile.provenance import sharing_node_sources
+from qnn_compile.node_sources import sharing_node_sources
 
 
 def _quantized_program() -> torch.export.ExportedProgram:
