@@ -44,7 +44,7 @@ from typing import Any, TypeVar
 
 from qnn_common.errors import ConfigValidationError
 from qnn_common.gates import AccuracyGates, check_gate, default_accuracy_gates
-from qnn_common.llm import GenerationConfig
+from qnn_common.llm_spec import GenerationConfig
 from qnn_common.recipes import (
     DEFAULT_EMBEDDING_WEIGHTS,
     DEFAULT_GROUP_MAPPING,

@@ -15,163 +15,24 @@ those positions overwrites it), else it goes through decode one token at a time.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from collections.abc import Callable, Sequence
 
 import torch
 
 from qnn_common.errors import ConfigValidationError
-from qnn_common.manifest import NOT_IN_CACHE_KEY
-
-# Added to attention scores at masked positions. Not finfo(float32).min: that overflows to -inf in
-# fp16 (NaN after softmax on an all-masked row) and, once a backend quantizes the score add,
-# stretches its range so far that every real score rounds to the same value. -255 still drives
-# exp() to ~1e-111, and is the value ExecuTorch's own QNN Llama export uses.
-MASK_VALUE = -255.0
-
-PREFILL = "prefill"
-DECODE = "decode"
-METHODS = (PREFILL, DECODE)
+from qnn_common.llm_spec import DECODE as DECODE  # re-exported: the contract types live there
+from qnn_common.llm_spec import MASK_VALUE as MASK_VALUE
+from qnn_common.llm_spec import METHODS as METHODS
+from qnn_common.llm_spec import PREFILL as PREFILL
+from qnn_common.llm_spec import SEED_LIMIT as SEED_LIMIT
+from qnn_common.llm_spec import GenerationConfig as GenerationConfig
+from qnn_common.llm_spec import KvLayout as KvLayout
+from qnn_common.llm_spec import LlmSpec as LlmSpec
+from qnn_common.llm_spec import check_fits as check_fits
+from qnn_common.llm_spec import check_seed as check_seed
 
 # (input_ids [1, n] int64, cache_position [n] int64) -> logits [1, n, vocab]
 StepFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-
-
-@dataclass(frozen=True)
-class KvLayout:
-    """The shape of a KV cache kept outside the program: per layer [1, kv_heads, len, head_dim]."""
-
-    layers: int
-    kv_heads: int
-    head_dim: int
-
-
-@dataclass(frozen=True)
-class LlmSpec:
-    """The static shapes and tokens of an exported causal LM, as recorded in its manifests."""
-
-    max_seq_len: int
-    prefill_len: int
-    vocab_size: int
-    stop_token_ids: tuple[int, ...] = ()
-    pad_token_id: int = 0
-    # None: the program keeps its cache in mutable buffers (shared by its methods). Set: the cache
-    # is the methods' inputs and outputs, with this layout, and the host keeps it (`KvIoCache`).
-    kv_layout: KvLayout | None = None
-
-    def __post_init__(self) -> None:
-        if self.prefill_len < 1 or self.max_seq_len < 2:
-            raise ConfigValidationError(
-                "llm", asdict(self), "prefill_len must be >= 1 and max_seq_len >= 2"
-            )
-        if self.prefill_len > self.max_seq_len:
-            raise ConfigValidationError(
-                "prepare.prefill_len", self.prefill_len,
-                f"must not exceed max_seq_len ({self.max_seq_len})",
-            )
-
-    def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "stop_token_ids": list(self.stop_token_ids)}
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> LlmSpec:
-        return cls(
-            max_seq_len=int(data["max_seq_len"]),
-            prefill_len=int(data["prefill_len"]),
-            vocab_size=int(data["vocab_size"]),
-            stop_token_ids=tuple(int(t) for t in data.get("stop_token_ids", ())),
-            pad_token_id=int(data.get("pad_token_id", 0)),
-            kv_layout=None if data.get("kv_layout") is None else KvLayout(**data["kv_layout"]),
-        )
-
-
-@dataclass(frozen=True)
-class GenerationConfig:
-    """How to generate: the prompt, how many tokens, and how to pick each one.
-
-    `temperature` 0 is greedy (argmax); otherwise logits are divided by it, cut to the `top_k`
-    most likely tokens (0: all) and to the smallest set whose probability reaches `top_p`, and
-    sampled with a generator seeded by `seed`, so a run repeats exactly. Greedy decoding uses
-    none of those three: they are reset to their defaults, so that the config a greedy run records
-    (and its infer cache key) does not depend on settings that changed nothing.
-    """
-
-    prompt: str = "Once upon a time"
-    max_new_tokens: int = 32
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    seed: int = 0
-    chat: bool = False  # wrap the prompt in the tokenizer's chat template
-    # Print tokens as they come: how the run is shown, so not part of infer's cache key.
-    stream: bool = field(default=False, metadata=NOT_IN_CACHE_KEY)
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.prompt, str) or not self.prompt:
-            raise ConfigValidationError("generation.prompt", self.prompt, "give a non-empty prompt")
-        try:
-            self.prompt.encode("utf-8")
-        except UnicodeEncodeError:
-            # Bytes of a command line that are not UTF-8 arrive as lone surrogates, which no
-            # tokenizer takes (a TypeError deep inside one).
-            raise ConfigValidationError(
-                "generation.prompt", self.prompt,
-                "is not valid UTF-8 text (the command line or file held bytes in another "
-                "encoding); pass the prompt as UTF-8",
-            ) from None
-        if not 1 <= self.max_new_tokens <= 100_000:
-            raise ConfigValidationError(
-                "generation.max_new_tokens", self.max_new_tokens, "must be in [1, 100000]"
-            )
-        if not (math.isfinite(self.temperature) and self.temperature >= 0):
-            raise ConfigValidationError(
-                "generation.temperature", self.temperature, "must be >= 0 (0 is greedy)"
-            )
-        if self.top_k < 0:
-            raise ConfigValidationError("generation.top_k", self.top_k, "must be >= 0 (0: all)")
-        if not 0 < self.top_p <= 1:
-            raise ConfigValidationError("generation.top_p", self.top_p, "must be in (0, 1]")
-        check_seed(self.seed, "generation.seed")
-        if self.temperature == 0:
-            for name in ("top_k", "top_p", "seed"):
-                object.__setattr__(self, name, _SAMPLER_DEFAULTS[name])
-
-
-# torch.Generator.manual_seed takes an unsigned 64-bit seed.
-SEED_LIMIT = 2**64
-
-
-def check_seed(seed: object, field: str) -> None:
-    """Refuse a sampler seed torch cannot take (it would fail deep inside generation)."""
-    if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < SEED_LIMIT:
-        raise ConfigValidationError(
-            field, seed, "must be a whole number in [0, 2**64): the sampler's generator "
-            "takes an unsigned 64-bit seed"
-        )
-
-
-_SAMPLER_DEFAULTS: dict[str, Any] = {"top_k": 0, "top_p": 1.0, "seed": 0}
-
-
-def check_fits(prompt_tokens: int, max_new_tokens: int, spec: LlmSpec) -> None:
-    """Refuse, before any work, a prompt plus generation that cannot fit in the cache."""
-    if prompt_tokens < 1:
-        raise ConfigValidationError("generation.prompt", prompt_tokens, "tokenizes to nothing")
-    if prompt_tokens >= spec.max_seq_len:
-        raise ConfigValidationError(
-            "generation.prompt", f"{prompt_tokens} tokens",
-            f"longer than the program's context of {spec.max_seq_len} tokens (max_seq_len) "
-            "with room for one new token; shorten the prompt or export with a larger "
-            "--max-seq-len",
-        )
-    if prompt_tokens + max_new_tokens > spec.max_seq_len:
-        raise ConfigValidationError(
-            "generation.max_new_tokens", max_new_tokens,
-            f"{prompt_tokens} prompt tokens + {max_new_tokens} new exceed the context of "
-            f"{spec.max_seq_len} tokens; ask for at most {spec.max_seq_len - prompt_tokens}",
-        )
 
 
 def feed(
