@@ -177,6 +177,11 @@ def test_kv_as_io_export_matches_eager_and_hands_over(family: str, tmp_path: Pat
                         prefill_len=8)
     spec = dataclasses.replace(lm.spec, kv_layout=kv_layout(lm))
     programs, rope = export_kv_io_methods(lm)
+    for program in programs.values():  # each RMSNorm one op, for QNN's RmsNorm (2 layers: 5)
+        ops = [str(n.target) for n in program.graph.nodes if n.op == "call_function"]
+        assert ops.count("aten.rms_norm.default") == 5
+        assert "aten.rsqrt.default" not in ops and "aten.pow.Tensor_Scalar" not in ops
+    assert not any(type(m).__name__ == "_RmsNorm" for m in lm.hf.modules())  # put back
     modules = {m: p.module() for m, p in programs.items()}
     prefill, decode = method_steps(spec, module_runner(modules, spec), rope)
     tokens = torch.randint(0, 128, (20,), generator=torch.Generator().manual_seed(2)).tolist()

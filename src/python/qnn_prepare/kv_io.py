@@ -112,6 +112,52 @@ def _rotary_replaced(hf: nn.Module, rope: nn.Module) -> Iterator[None]:
         owner.rotary_emb = original
 
 
+# transformers' RMSNorms whose forward is exactly `weight * x * rsqrt(mean(x^2) + eps)` in fp32
+# (Gemma's `1 + weight` is not, and is not listed).
+_PLAIN_RMS_NORMS = frozenset(
+    {"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm", "Phi3RMSNorm"}
+)
+
+
+class _RmsNorm(nn.Module):
+    """One `aten.rms_norm` in the exported graph instead of transformers' pow / mean / add /
+    rsqrt / mul chain: QNN lowers it to the HTP's RmsNorm op (upstream's static Llama uses
+    `torch.nn.RMSNorm` for this), whose statistics stay inside the op instead of passing through
+    per-tensor 16-bit intermediates, and a quantized program has five fewer ops per norm to
+    observe, quantize and build. Casts only what is not float32 already: a no-op cast exports
+    as an op of its own, which the quantizer would observe too."""
+
+    def __init__(self, weight: nn.Parameter, eps: float) -> None:
+        super().__init__()
+        self.weight = weight
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x32 = x if dtype == torch.float32 else x.float()
+        weight = self.weight if self.weight.dtype == torch.float32 else self.weight.float()
+        out = nn.functional.rms_norm(x32, (x.shape[-1],), weight, self.eps)
+        return out if dtype == torch.float32 else out.to(dtype)
+
+
+@contextlib.contextmanager
+def _fused_rms_norms(hf: nn.Module) -> Iterator[int]:
+    """Swap every plain RMSNorm of `hf` for `_RmsNorm` (same weight, same path) while exporting;
+    yields how many were swapped."""
+    swapped: list[tuple[nn.Module, str, nn.Module]] = []
+    for _, module in list(hf.named_modules()):
+        for child_name, child in list(module.named_children()):
+            if type(child).__name__ in _PLAIN_RMS_NORMS:
+                eps = float(getattr(child, "variance_epsilon", getattr(child, "eps", 1e-6)))
+                swapped.append((module, child_name, child))
+                setattr(module, child_name, _RmsNorm(child.weight, eps))
+    try:
+        yield len(swapped)
+    finally:
+        for module, child_name, child in swapped:
+            setattr(module, child_name, child)
+
+
 def rope_table(lm: CausalLm) -> tuple[torch.Tensor, torch.Tensor]:
     """The model's own (cos, sin) for every position of the context: [1, max_seq_len, dim]."""
     rotary = _rotary_owner(lm.hf).get_submodule("rotary_emb")
@@ -144,15 +190,15 @@ def example_inputs(
 def export_kv_io_methods(
     lm: CausalLm,
 ) -> tuple[dict[str, torch.export.ExportedProgram], tuple[torch.Tensor, torch.Tensor]]:
-    """torch.export prefill and decode of the KV-as-IO wrapper (eager attention), and the
-    rotary table the host feeds them from."""
+    """torch.export prefill and decode of the KV-as-IO wrapper (eager attention, one
+    `aten.rms_norm` per RMSNorm), and the rotary table the host feeds them from."""
     layout = kv_layout(lm)
     rope = rope_table(lm)
     # Eager attention: the SDPA path exports a "safe softmax" (any / where) QNN cannot lower.
     lm.hf.config._attn_implementation = "eager"  # type: ignore[union-attr]  # hf: a PreTrainedModel
     module = KvIoLm(lm.hf, layout).eval()
     out = {}
-    with torch.no_grad():
+    with torch.no_grad(), _fused_rms_norms(lm.hf):
         for method, n in ((PREFILL, lm.spec.prefill_len), (DECODE, 1)):
             out[method] = torch.export.export(
                 module, example_inputs(lm, layout, rope, n), strict=False
