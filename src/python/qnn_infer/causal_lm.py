@@ -13,6 +13,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from qnn_common.chat_template import render_chat_prompt
 from qnn_common.errors import ArtifactError
 from qnn_common.hf_untrusted import HF_LOAD, refuse_custom_code
 from qnn_common.llm import GenerationConfig, LlmSpec, teacher_forced_logits
@@ -20,7 +21,6 @@ from qnn_common.metrics import logits_accuracy, perplexity
 from qnn_common.noise import native_noise_filtered
 from qnn_common.stages import EVAL_INPUTS, REFERENCE_FAKE_QUANT, REFERENCE_FP32, TOKENIZER_DIR
 from qnn_common.tensorio import load_samples
-from qnn_infer.chat_template import render_chat_prompt
 from qnn_infer.generate import Generation, PteLm, generate
 
 log = logging.getLogger(__name__)

@@ -33,6 +33,7 @@ from qnn_prepare.causal_lm import (
     load_causal_lm,
     text_sequences,
 )
+from qnn_prepare.chat_calibration import chat_sequences
 from qnn_prepare.hf_dir import HfDir, example_tokens, is_hf_dir_spec, open_hf_dir
 from qnn_prepare.kv_io import export_kv_io_methods, kv_layout
 from qnn_prepare.single import export_single
@@ -168,7 +169,9 @@ def _export_kv_cache(config: PrepareConfig) -> TaskExport:
     # Windows of two prefill chunks: every sample crosses a chunk boundary, so calibration and
     # the teacher-forced eval see the cache being read, not only written.
     length = min(spec.max_seq_len, 2 * spec.prefill_len)
-    calibration = text_sequences(lm, config.calibration_samples, length)
+    # An instruct model also sees its chat format: half the windows are conversations.
+    chat = chat_sequences(lm, config.calibration_samples // 2, length)
+    calibration = chat + text_sequences(lm, config.calibration_samples - len(chat), length)
     # Never the calibration text: windows of the held-out text, one after the other (each token
     # counts once in the perplexity until the text runs out).
     eval_tokens = text_sequences(
@@ -201,6 +204,7 @@ def _export_kv_cache(config: PrepareConfig) -> TaskExport:
             "calibration": {
                 "source": lm.texts.calibration_source,
                 "tokens_per_sample": length,
+                "chat_samples": len(chat),
             },
             "eval": {"source": lm.texts.eval_source, "tokens_per_sample": length},
         },

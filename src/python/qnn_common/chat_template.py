@@ -7,13 +7,15 @@ loops run for hours, neither interruptible from inside the process. So the templ
 in a forked child (the tokenizer is already loaded, nothing is imported again) under an address
 space limit, killed past a deadline, and its text is taken only up to a size limit; the parent
 then tokenizes the text as `apply_chat_template(tokenize=True)` would. Every way it fails is one
-ArtifactError naming the tokenizer's template.
+ArtifactError naming the tokenizer's template. Infer renders the user's prompt with it; prepare
+renders the chat-formatted calibration texts of an instruct model.
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import resource
+from collections.abc import Sequence
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -32,10 +34,23 @@ def render_chat_prompt(tokenizer: Any, prompt: str, where: Path) -> str:
     TIMEOUT_S, needs more than MEMORY_BYTES, renders more than 1 MiB besides twice the prompt,
     or fails (a Jinja error, a sandbox SecurityError).
     """
-    limit = _BASE_OUTPUT + 2 * len(prompt.encode("utf-8"))
+    return render_chat(tokenizer, [{"role": "user", "content": prompt}], where,
+                       add_generation_prompt=True)
+
+
+def render_chat(
+    tokenizer: Any, messages: Sequence[dict[str, str]], where: Path, *,
+    add_generation_prompt: bool,
+) -> str:
+    """`messages` (role / content turns) through `tokenizer`'s chat template, bounded as
+    `render_chat_prompt` says (1 MiB besides twice the messages' text)."""
+    limit = _BASE_OUTPUT + 2 * sum(len(m["content"].encode("utf-8")) for m in messages)
     context = multiprocessing.get_context("fork")
     receive, send = context.Pipe(duplex=False)
-    child = context.Process(target=_render, args=(send, tokenizer, prompt, limit), daemon=True)
+    child = context.Process(
+        target=_render, args=(send, tokenizer, list(messages), add_generation_prompt, limit),
+        daemon=True,
+    )
     child.start()
     send.close()
     try:
@@ -60,14 +75,17 @@ def render_chat_prompt(tokenizer: Any, prompt: str, where: Path) -> str:
     return str(text)
 
 
-def _render(send: Connection, tokenizer: Any, prompt: str, limit: int) -> None:
+def _render(
+    send: Connection, tokenizer: Any, messages: list[dict[str, str]],
+    add_generation_prompt: bool, limit: int,
+) -> None:
     """In the child: render, and send ("ok", text) or ("error", what went wrong)."""
     try:
         with open("/proc/self/statm", encoding="ascii") as statm:
             inherited = int(statm.read().split()[0]) * resource.getpagesize()
         resource.setrlimit(resource.RLIMIT_AS, (inherited + MEMORY_BYTES, inherited + MEMORY_BYTES))
         text = tokenizer.apply_chat_template(
-            [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False
+            messages, add_generation_prompt=add_generation_prompt, tokenize=False
         )
         if not isinstance(text, str):
             send.send(("error", f"it rendered a {type(text).__name__}, not text"))
