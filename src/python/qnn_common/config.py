@@ -46,6 +46,7 @@ from qnn_common.errors import ConfigValidationError
 from qnn_common.gates import AccuracyGates, check_gate, default_accuracy_gates
 from qnn_common.llm_spec import GenerationConfig
 from qnn_common.recipes import (
+    BACKENDS,
     DEFAULT_EMBEDDING_WEIGHTS,
     DEFAULT_GROUP_MAPPING,
     DEFAULT_GROUP_SIZE,
@@ -448,7 +449,8 @@ class PipelineContext:
     force: bool = False
 
     def __post_init__(self) -> None:
-        if self.prepare.kv_cache and self.compile.backend is Backend.QNN and not self.prepare.kv_io:
+        no_buffers = not BACKENDS[self.compile.backend].mutable_buffers
+        if self.prepare.kv_cache and no_buffers and not self.prepare.kv_io:
             raise ConfigValidationError(
                 "prepare.kv_io", False,
                 "QNN has no mutable buffers, so a KV-cache program for it keeps the cache as "
@@ -525,7 +527,7 @@ class PipelineContext:
         if recipe is not None and not isinstance(recipe, Recipe):
             recipe = parse_enum(Recipe, str(recipe), "pipeline.recipe")
         if recipe is None:
-            float_recipe = Recipe.FP16 if backend is Backend.QNN else Recipe.FP32
+            float_recipe = BACKENDS[backend].float_recipe
             recipe = float_recipe if Stage.QUANTIZE in skipped else Recipe.A8W8
         elif Stage.QUANTIZE in skipped and recipe.is_quantized:
             raise ConfigValidationError(
@@ -543,8 +545,9 @@ class PipelineContext:
                         dict(backend=backend, recipe=recipe, soc=soc))
         )
         prepare = dict(prepare or {})
-        if backend is Backend.QNN and prepare.get("kv_cache") and "kv_io" not in prepare:
-            prepare["kv_io"] = True  # QNN has no mutable buffers: the host keeps the cache
+        if not BACKENDS[backend].mutable_buffers and prepare.get("kv_cache") \
+                and "kv_io" not in prepare:
+            prepare["kv_io"] = True  # no mutable buffers (QNN): the host keeps the cache
         return cls(
             prepare=_build(PrepareConfig, "prepare", prepare, dict(model=model)),
             quantize=q,

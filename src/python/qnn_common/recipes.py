@@ -137,23 +137,50 @@ class _Rule:
     why: str
 
 
-# What each backend can run at all.
-_BACKEND_RECIPES: dict[Backend, tuple[Recipe, ...]] = {
+@dataclass(frozen=True)
+class BackendTraits:
+    """What a backend is, in one place: every stage asks here instead of keeping a list."""
+
+    recipes: tuple[Recipe, ...]  # what it can run at all
+    hint: str  # what it runs, said when a recipe is refused
+    float_recipe: Recipe  # the recipe of an unquantized program
+    needs_soc: bool  # compiled ahead of time for one SoC (and so runs off the host)
+    # Activation scales chosen per call at run time (dynamic linears, 8da4w); the HTP fixes every
+    # scale when its context is built.
+    dynamic_activations: bool
+    # A program may update buffers in place (a static KV cache); QNN has no mutable buffers, so
+    # a KV-cache program for it keeps the cache as its inputs and outputs.
+    mutable_buffers: bool
+    runtime_id: str | None  # the delegate id a .pte names it by (None: no delegate)
+
+
+BACKENDS: dict[Backend, BackendTraits] = {
     # 8da4w: XNNPACK's qd8 x qb4w GEMMs (int8 activations per token, 4-bit blockwise weights).
-    Backend.XNNPACK: (Recipe.FP32, Recipe.A8W8, Recipe.A8DW4),
+    Backend.XNNPACK: BackendTraits(
+        recipes=(Recipe.FP32, Recipe.A8W8, Recipe.A8DW4),
+        hint="XNNPACK runs fp32, 8a8w (symmetric int8 weights, int8 activations) and 8da4w "
+        "(int8 activations per token at run time, 4-bit grouped weights)",
+        float_recipe=Recipe.FP32, needs_soc=False, dynamic_activations=True,
+        mutable_buffers=True, runtime_id="XnnpackBackend",
+    ),
     # The reference for quantized programs too: quantized_decomposed kernels, bit-exact with
     # fake quant, so it tells a backend's deviation from the quantizer's. 8da4w runs there as
     # the plain ATen ops torchao's affine quantize ops decompose into.
-    Backend.PORTABLE: (Recipe.FP32, Recipe.A8W8, Recipe.A8DW4),
-    Backend.QNN: tuple(r for r in Recipe if r not in (Recipe.FP32, Recipe.A8DW4)),
+    Backend.PORTABLE: BackendTraits(
+        recipes=(Recipe.FP32, Recipe.A8W8, Recipe.A8DW4),
+        hint="the portable reference kernels run fp32, 8a8w and 8da4w",
+        float_recipe=Recipe.FP32, needs_soc=False, dynamic_activations=True,
+        mutable_buffers=True, runtime_id=None,
+    ),
+    # No fp32 datapath: a float program is fp16.
+    Backend.QNN: BackendTraits(
+        recipes=tuple(r for r in Recipe if r not in (Recipe.FP32, Recipe.A8DW4)),
+        hint="the HTP has no fp32 datapath; use fp16 for a float model",
+        float_recipe=Recipe.FP16, needs_soc=True, dynamic_activations=False,
+        mutable_buffers=False, runtime_id="QnnBackend",
+    ),
 }
 
-_BACKEND_HINTS: dict[Backend, str] = {
-    Backend.XNNPACK: "XNNPACK runs fp32, 8a8w (symmetric int8 weights, int8 activations) and "
-    "8da4w (int8 activations per token at run time, 4-bit grouped weights)",
-    Backend.PORTABLE: "the portable reference kernels run fp32, 8a8w and 8da4w",
-    Backend.QNN: "the HTP has no fp32 datapath; use fp16 for a float model",
-}
 
 # Why a backend cannot run one recipe in particular, and what to pick instead: said before the
 # backend's general hint.
@@ -220,7 +247,7 @@ _QNN_ARCH_RULES: dict[Recipe, _Rule] = {
 
 def recipes_for(backend: Backend, soc: Soc | None = None) -> tuple[Recipe, ...]:
     """The recipes `backend` (on `soc`, for QNN) can run."""
-    allowed = _BACKEND_RECIPES[backend]
+    allowed = BACKENDS[backend].recipes
     if backend is Backend.QNN and soc is not None:
         allowed = tuple(
             r
@@ -232,12 +259,12 @@ def recipes_for(backend: Backend, soc: Soc | None = None) -> tuple[Recipe, ...]:
 
 def check_recipe(backend: Backend, recipe: Recipe, soc: Soc | None, field: str = "recipe") -> None:
     """Raise ConfigValidationError saying why `recipe` cannot run, and what to pick instead."""
-    if backend is Backend.QNN and soc is None:
+    if BACKENDS[backend].needs_soc and soc is None:
         raise ConfigValidationError(
-            "soc", None, "the qnn backend compiles for one SoC; pass one (e.g. SM8650)"
+            "soc", None, f"the {backend.value} backend compiles for one SoC; pass one (e.g. SM8650)"
         )
-    if recipe not in _BACKEND_RECIPES[backend]:
-        why = _REFUSALS.get((backend, recipe), _BACKEND_HINTS[backend])
+    if recipe not in BACKENDS[backend].recipes:
+        why = _REFUSALS.get((backend, recipe), BACKENDS[backend].hint)
         raise ConfigValidationError(
             field,
             recipe.value,

@@ -18,6 +18,7 @@ from qnn_common.config import (
 )
 from qnn_common.errors import ConfigValidationError
 from qnn_common.recipes import (
+    BACKENDS,
     DEFAULT_GROUP_SIZE,
     Backend,
     Recipe,
@@ -371,3 +372,13 @@ def test_check_recipe_and_configs_agree_with_recipes_for(
     ctx = PipelineContext.create("m", backend=backend, recipe=recipe, soc=soc_name)
     assert (ctx.backend, ctx.recipe) == (backend, recipe)
     assert ctx.soc == (None if soc is None else soc.name)
+
+
+@pytest.mark.parametrize("backend", list(Backend))
+def test_backend_traits_agree_with_the_recipe_rules(backend: Backend) -> None:
+    traits = BACKENDS[backend]
+    assert traits.float_recipe in traits.recipes
+    soc = SOCS["SM8650"] if traits.needs_soc else None
+    check_recipe(backend, traits.float_recipe, soc)  # the float default is always allowed
+    # Run-time activation scales are what 8da4w is: a backend runs it exactly when it has them.
+    assert (Recipe.A8DW4 in traits.recipes) is traits.dynamic_activations

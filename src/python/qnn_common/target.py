@@ -10,11 +10,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from qnn_common.errors import ConfigValidationError
-from qnn_common.recipes import Backend, parse_enum
+from qnn_common.recipes import BACKENDS, Backend, parse_enum
 from qnn_common.soc import Soc, lookup_soc
 
 # Backends whose programs are compiled for one SoC.
-_NEEDS_SOC = frozenset({Backend.QNN})
 
 
 @dataclass(frozen=True)
@@ -25,13 +24,13 @@ class Target:
     soc: Soc | None = None
 
     def __post_init__(self) -> None:
-        if self.backend in _NEEDS_SOC and self.soc is None:
+        if BACKENDS[self.backend].needs_soc and self.soc is None:
             raise ConfigValidationError(
                 "soc", None,
                 f"the {self.backend.value} backend compiles for one SoC; pass one (e.g. --soc "
                 "SM8650; --list-socs shows them all)",
             )
-        if self.backend not in _NEEDS_SOC and self.soc is not None:
+        if not BACKENDS[self.backend].needs_soc and self.soc is not None:
             raise ConfigValidationError(
                 "soc", self.soc.name,
                 f"the {self.backend.value} backend runs on the host and takes no SoC; drop --soc "

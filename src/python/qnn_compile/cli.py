@@ -22,7 +22,7 @@ from qnn_common.config import (
     Stage,
 )
 from qnn_common.manifest import MANIFEST_NAME
-from qnn_common.recipes import Backend, Recipe, parse_enum
+from qnn_common.recipes import BACKENDS, Backend, Recipe, parse_enum
 from qnn_common.stages import CompileInput
 
 
@@ -74,7 +74,7 @@ def _default_recipe(source: Path, backend: Backend) -> Recipe:
         upstream = load_manifest(source, verify=False)
         if upstream.stage == Stage.QUANTIZE:
             return Recipe(upstream.config["recipe"])
-    return Recipe.FP16 if backend is Backend.QNN else Recipe.FP32
+    return BACKENDS[backend].float_recipe
 
 
 def _main(argv: Sequence[str] | None) -> int:

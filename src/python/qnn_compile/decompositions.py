@@ -33,7 +33,7 @@ from torch.export import ExportedProgram
 
 from qnn_common.config import Stage
 from qnn_common.errors import BackendNotAvailableError
-from qnn_common.recipes import Backend
+from qnn_common.recipes import BACKENDS, Backend
 from qnn_compile import op_rewrites as ops
 from qnn_compile import value_rewrites as values
 
@@ -98,7 +98,7 @@ def _always(node: torch.fx.Node) -> bool:
 # The host CPU backends, whose non-delegated ops run on the runtime's portable kernels. QNN has
 # 3-D convolution and pooling ops of its own: there these stay whole for the HTP to take (and
 # if it does not, `check_kernels` / `check_ranks` stop the compile).
-_HOST = frozenset({Backend.XNNPACK, Backend.PORTABLE})
+_HOST = frozenset(b for b, traits in BACKENDS.items() if not traits.needs_soc)
 
 
 # QNN (measured on V75, executorch 1.5.1): ops its partitioner takes but its lowering then fails

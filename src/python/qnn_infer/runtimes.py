@@ -17,12 +17,12 @@ from typing import Any
 
 from qnn_common.errors import ArtifactError
 from qnn_common.noise import native_noise_filtered
-from qnn_common.recipes import Backend
+from qnn_common.recipes import BACKENDS, Backend
 
 log = logging.getLogger(__name__)
 
 # ExecuTorch's backend ids, as a .pte's delegate entries name them.
-_BACKEND_IDS = {"QnnBackend": Backend.QNN, "XnnpackBackend": Backend.XNNPACK}
+_BACKEND_IDS = {t.runtime_id: b for b, t in BACKENDS.items() if t.runtime_id is not None}
 
 
 def host_runtime() -> Any:

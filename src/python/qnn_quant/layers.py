@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import torch
 
 from qnn_common.config import regex_list
-from qnn_common.recipes import Backend, Recipe, check_dynamic_layers
+from qnn_common.recipes import BACKENDS, Backend, Recipe, check_dynamic_layers
 from qnn_common.target import Target
 
 # The FFN down projections that write the outliers.
@@ -55,7 +55,6 @@ RESIDUAL_STREAM: tuple[str, ...] = (
 # (query / key / value, attention output, FFN up and down projections).
 ENCODER_LINEARS: tuple[str, ...] = (r"encoder\.layer\.\d+\.",)
 
-_DYNAMIC_BACKENDS = (Backend.XNNPACK, Backend.PORTABLE)
 # The ops a dynamic quantization config annotates (XNNPACK's dynamic patterns are linear only).
 _DYNAMIC_OPS = (torch.ops.aten.linear.default,)
 
@@ -72,7 +71,7 @@ def default_keep_float(target: Target, recipe: Recipe) -> tuple[str, ...]:
 def default_dynamic_layers(target: Target, recipe: Recipe) -> tuple[str, ...]:
     """The layers quantized dynamically when the caller names none: encoder linears at 8-bit
     activations on the backends that can (XNNPACK, portable); none on QNN."""
-    if recipe.activation_bits != 8 or target.backend not in _DYNAMIC_BACKENDS:
+    if recipe.activation_bits != 8 or not BACKENDS[target.backend].dynamic_activations:
         return ()
     return ENCODER_LINEARS
 
