@@ -14,6 +14,12 @@ weight observer's range to that scale, since an observer seeing the rounded weig
 otherwise pick a smaller one (a channel whose largest weight rounded inwards) and re-round.
 The quantized program then holds exactly the GPTQ integers.
 
+Sequential GPTQ runs the calibration once per group of weights that read one input, through the
+whole program: for a deep decoder (SmolLM2-135M: 120 groups) that is quadratic in its depth.
+Past `SEQUENTIAL_GROUPS` groups one calibration pass records every layer's Hessian from the
+float model's inputs (each layer then corrects its own rounding, not its predecessors'), the
+trade GPTQ implementations make for speed; `sequential=True` forces the exact form.
+
 Several methods (a causal LM's prefill and decode) are rounded together: each layer's Hessian
 sums its inputs in every method, and every method gets the same weights, so they still share
 their quantized bytes.
@@ -36,6 +42,8 @@ from qnn_common.errors import StageError
 log = logging.getLogger(__name__)
 
 _LINEAR = torch.ops.aten.linear.default
+# Above this many weight groups (eight Llama decoder layers), Hessians come from one pass.
+SEQUENTIAL_GROUPS = 32
 # Hessian damping: a fraction of its mean diagonal added to the diagonal (the paper's 1 %), so
 # a layer whose calibration inputs do not span every direction still inverts.
 DAMPING = 0.01
@@ -69,6 +77,7 @@ def round_weights(
     *,
     bits: int,
     skip: Callable[[torch.fx.Node], bool] = lambda node: False,
+    sequential: bool | None = None,
 ) -> GptqResult:
     """GPTQ-round, in place, every linear weight of `modules` that only linears read.
 
@@ -76,20 +85,28 @@ def round_weights(
     recording linears around it). `bits`: the symmetric weight grid, ±(2^(bits-1) - 1).
     `skip(node)` leaves a linear node's weight alone (layers kept in float). A weight that
     another op also reads (an LM head tied to the embedding table) is left to round-to-nearest.
+    `sequential`: one calibration pass per weight group, each with the groups before it rounded
+    (None: when there are at most `SEQUENTIAL_GROUPS`); else one pass for every Hessian.
     """
     t = time.perf_counter()
     qmax = 2 ** (bits - 1) - 1
     groups = _groups(next(iter(modules.values())), skip)
+    if sequential is None:
+        sequential = len(groups) <= SEQUENTIAL_GROUPS
+    # Sequential: a pass per group; else one pass for all, each Hessian in float32 (a deep
+    # decoder's float64 Hessians alone would be a GB).
+    passes = [[group] for group in groups] if sequential else [groups]
+    dtype = torch.float64 if sequential else torch.float32
     scales: dict[str, torch.Tensor] = {}
     gains: list[float] = []
-    for weights in groups:
-        hessians = _hessians(modules, calibrate, weights)
-        for name in weights:
+    for pass_groups in passes:
+        hessians = _hessians(modules, calibrate, pass_groups, dtype)
+        for name in (name for group in pass_groups for name in group):
             if name not in hessians:
                 continue  # no calibration input reached it: nearest rounding will do
             weight = _attr(modules, name).detach()
             scale = weight.detach().abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / qmax
-            hessian = hessians[name]
+            hessian = hessians[name].to(torch.float64)
             rounded = gptq(weight, hessian, scale, qmax)
             gains.append(_gain_db(weight, rounded, _nearest(weight, scale, qmax), hessian))
             for module in modules.values():
@@ -99,14 +116,15 @@ def round_weights(
     seconds = time.perf_counter() - t
     mean_gain = sum(gains) / len(gains) if gains else 0.0
     log.info(
-        "GPTQ rounded %d weights in %d calibration passes (%.1f s), output error %.1f dB "
+        "GPTQ rounded %d weights in %d calibration passes (%s, %.1f s), output error %.1f dB "
         "below round-to-nearest on average",
         len(scales),
-        len(groups),
+        len(passes),
+        "sequential" if sequential else f"one pass for {len(groups)} groups",
         seconds,
         mean_gain,
     )
-    return GptqResult(scales, len(groups), seconds, mean_gain)
+    return GptqResult(scales, len(passes), seconds, mean_gain)
 
 
 def gptq(
@@ -219,27 +237,33 @@ def _groups(gm: torch.fx.GraphModule, skip: Callable[[torch.fx.Node], bool]) -> 
 
 
 def _hessians(
-    modules: Mapping[str, torch.fx.GraphModule], calibrate: Callable[[], None], weights: list[str]
+    modules: Mapping[str, torch.fx.GraphModule], calibrate: Callable[[], None],
+    groups: list[list[str]], dtype: torch.dtype = torch.float64,
 ) -> dict[str, torch.Tensor]:
-    """``X^T X / rows`` of the inputs of the linears reading `weights`, over one calibration."""
+    """``X^T X / rows`` of the inputs of the linears reading each group's weights, over one
+    calibration: one matrix per group (its weights read one input), kept in `dtype`."""
     sums: dict[str, torch.Tensor] = {}
     rows: dict[str, int] = {}
+    first = {name: group[0] for group in groups for name in group}
 
-    def recorder(name: str) -> Callable[..., torch.Tensor]:
+    def recorder(key: str) -> Callable[..., torch.Tensor]:
         def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> Any:
             flat = x.detach().reshape(-1, x.shape[-1]).to(torch.float64)
-            sums[name] = sums.get(name, 0) + flat.T @ flat
-            rows[name] = rows.get(name, 0) + flat.shape[0]
+            product = (flat.T @ flat).to(dtype)
+            sums[key] = sums[key] + product if key in sums else product
+            rows[key] = rows.get(key, 0) + flat.shape[0]
             return _LINEAR(x, w, b)
 
         return linear
 
-    wanted = set(weights)
     swapped: list[tuple[torch.fx.GraphModule, torch.fx.Node]] = []
     try:
         for module in modules.values():
+            recorded: set[Any] = set()
             for node, name in _linear_weights(module, lambda n: False).items():
-                if name in wanted:
+                # The group's first linear records its input; the others read the same tensor.
+                if name in first and first[name] == name and node.args[0] not in recorded:
+                    recorded.add(node.args[0])
                     node.target = recorder(name)
                     swapped.append((module, node))
             module.recompile()
@@ -250,7 +274,10 @@ def _hessians(
             node.target = _LINEAR
         for module in modules.values():
             module.recompile()
-    return {name: sums[name] / rows[name] for name in sums if rows[name]}
+    return {
+        name: sums[key] / rows[key]
+        for name, key in first.items() if key in sums and rows[key]
+    }
 
 
 def _get(module: torch.nn.Module, path: str) -> torch.Tensor:

@@ -12,7 +12,7 @@ from qnn_common.metrics import sqnr_db
 from qnn_common.recipes import Backend, Recipe, WeightRounding
 from qnn_common.soc import lookup_soc
 from qnn_common.target import Target
-from qnn_quant.gptq import GptqResult, gptq
+from qnn_quant.gptq import GptqResult, gptq, round_weights
 from qnn_quant.pt2e import quantize_program_with_gptq
 
 HTP = Target(Backend.QNN, lookup_soc("SM8650"))
@@ -110,3 +110,29 @@ def test_default_rounding_and_refusals() -> None:
     with pytest.raises(ConfigValidationError, match="nearest, gptq|allowed"):
         # An unknown string, as a typo in a TOML file would give: refused with the choices.
         QuantizeConfig(recipe=Recipe.A8W8, weight_rounding="adaround")  # type: ignore[arg-type]
+
+
+def test_one_pass_hessians_round_the_first_layer_alike_and_still_beat_nearest() -> None:
+    torch.manual_seed(1126)
+    basis = torch.randn(6, 32)
+    samples = [torch.randn(16, 6) @ basis + 0.05 * torch.randn(16, 32) for _ in range(8)]
+    rounded, results = {}, {}
+    for sequential in (True, False):
+        torch.manual_seed(7)  # the same float weights each time (rounding works in place)
+        gm = torch.export.export(_Mlp().eval(), (samples[0],), strict=False).module()
+
+        def calibrate(gm: torch.fx.GraphModule = gm) -> None:
+            with torch.no_grad():
+                for x in samples:
+                    gm(x)
+
+        results[sequential] = round_weights(
+            {"forward": gm}, calibrate, bits=4, sequential=sequential
+        )
+        rounded[sequential] = {n: p.detach().clone() for n, p in gm.named_parameters()}
+    assert results[True].calibration_passes == 2 and results[False].calibration_passes == 1
+    # fc1 reads the program's input, so its Hessian is the same either way (fc2's comes from the
+    # float fc1's outputs in one pass, from the rounded one's sequentially).
+    assert torch.equal(rounded[True]["fc1.weight"], rounded[False]["fc1.weight"])
+    assert sorted(results[False].scales) == ["fc1.weight", "fc2.weight"]
+    assert results[False].mean_gain_db > 1
