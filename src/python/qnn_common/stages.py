@@ -17,7 +17,7 @@ import torch
 from qnn_common.config import CompileConfig, InferConfig, PrepareConfig, QuantizeConfig
 from qnn_common.errors import ArtifactError, PipelineError
 from qnn_common.llm import LlmSpec
-from qnn_common.manifest import Manifest
+from qnn_common.manifest import Manifest, atomic_copy
 from qnn_common.recipes import Recipe
 from qnn_common.target import Target
 from qnn_common.tensorio import load_samples
@@ -38,6 +38,22 @@ ETDUMP = "etdump.etdp"
 METHODS_DIR = "methods"
 ROPE_TABLE = "rope_table.pt"  # a KV-as-inputs LLM's (cos, sin) per position, fed by the host
 DEFAULT_METHOD = "forward"
+
+
+# Files a stage hands on unchanged from its input artifact, so infer can judge and drive the
+# program without reaching back up the chain. A stage that writes one of them itself (quantize
+# its fake-quant reference) does not take it from upstream: its input has none.
+CARRIED = (EVAL_INPUTS, REFERENCE_FP32, REFERENCE_FAKE_QUANT, ROPE_TABLE)
+
+
+def carry_forward(source: Path, upstream: Manifest, out: Path) -> list[str]:
+    """Copy the carried files `upstream` (the manifest of `source`) holds into `out`, and the
+    tokenizer's; return their names, for the new manifest."""
+    names = [n for n in CARRIED if upstream.file(n) is not None]
+    names += [f.path for f in upstream.files if f.path.startswith(f"{TOKENIZER_DIR}/")]
+    for name in names:
+        atomic_copy(source / name, out / name)
+    return names
 
 
 def method_program(method: str) -> str:

@@ -18,7 +18,6 @@ from qnn_common.config import CompileConfig, Stage
 from qnn_common.errors import ConfigValidationError
 from qnn_common.manifest import (
     Manifest,
-    atomic_copy,
     atomic_write_bytes,
     begin_artifact,
     cache_key,
@@ -32,14 +31,11 @@ from qnn_common.recipes import Backend
 from qnn_common.stages import (
     DEFAULT_METHOD,
     ETRECORD,
-    EVAL_INPUTS,
     PROGRAM,
     PTE,
-    REFERENCE_FAKE_QUANT,
-    REFERENCE_FP32,
-    ROPE_TABLE,
     CompileInput,
     CompileOutput,
+    carry_forward,
     llm_spec_of,
     program_files,
     quantized_for,
@@ -148,11 +144,7 @@ def run_compile(inp: CompileInput) -> CompileOutput:
 
     files = [PTE] + ([ETRECORD] if etrecord is not None else [])
     if upstream is not None:
-        carry = [EVAL_INPUTS, REFERENCE_FP32, REFERENCE_FAKE_QUANT, ROPE_TABLE]
-        carry += [f.path for f in upstream.files if f.path.startswith("tokenizer/")]
-        for name in (n for n in carry if upstream.file(n) is not None):
-            atomic_copy(inp.source / name, out / name)
-            files.append(name)
+        files += carry_forward(inp.source, upstream, out)
 
     manifest = seal_stage(
         out,

@@ -15,7 +15,6 @@ from qnn_common.config import QuantizeConfig, Stage
 from qnn_common.llm import LlmSpec, method_steps, teacher_forced_logits
 from qnn_common.manifest import (
     Manifest,
-    atomic_copy,
     begin_artifact,
     cache_key,
     code_version,
@@ -30,9 +29,9 @@ from qnn_common.stages import (
     PROGRAM,
     REFERENCE_FAKE_QUANT,
     REFERENCE_FP32,
-    ROPE_TABLE,
     QuantizeInput,
     QuantizeOutput,
+    carry_forward,
     llm_spec_of,
     method_program,
     program_files,
@@ -128,11 +127,7 @@ def run_quantize(inp: QuantizeInput) -> QuantizeOutput:
 
     save_program(out / PROGRAM, quantized)
     save_samples(out / REFERENCE_FAKE_QUANT, fake_quant)
-    carried = [EVAL_INPUTS, REFERENCE_FP32] + [
-        f.path for f in src.files if f.path.startswith("tokenizer/")
-    ]
-    for name in carried:
-        atomic_copy(inp.source / name, out / name)
+    carried = carry_forward(inp.source, src, out)
 
     inputs = {"prepare": manifest_digest(inp.source)}
     manifest = _seal(
@@ -193,11 +188,7 @@ def _run_quantize_causal_lm(inp: QuantizeInput, src: Manifest, spec: LlmSpec) ->
         save_program(out / method_program(method), program)
         files.append(method_program(method))
     save_samples(out / REFERENCE_FAKE_QUANT, [(logits,) for logits in fake_quant])
-    carried = [EVAL_INPUTS, REFERENCE_FP32] + [
-        f.path for f in src.files if f.path.startswith("tokenizer/") or f.path == ROPE_TABLE
-    ]
-    for name in carried:
-        atomic_copy(inp.source / name, out / name)
+    carried = carry_forward(inp.source, src, out)
     reference = [s[0] for s in load_samples(inp.source / REFERENCE_FP32)]
     inputs = {"prepare": manifest_digest(inp.source)}
     manifest = _seal(
