@@ -22,6 +22,7 @@ PREFILL = "prefill"
 DECODE = "decode"
 METHODS = (PREFILL, DECODE)
 
+
 @dataclass(frozen=True)
 class KvLayout:
     """The shape of a KV cache kept outside the program: per layer [1, kv_heads, len, head_dim]."""
