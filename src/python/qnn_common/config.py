@@ -545,6 +545,8 @@ class PipelineContext:
                         dict(backend=backend, recipe=recipe, soc=soc))
         )
         prepare = dict(prepare or {})
+        if (infer or {}).get("generation") is not None and "kv_cache" not in prepare:
+            prepare["kv_cache"] = True  # generating needs the KV-cache export, as --prompt sets
         if not BACKENDS[backend].mutable_buffers and prepare.get("kv_cache") \
                 and "kv_io" not in prepare:
             prepare["kv_io"] = True  # no mutable buffers (QNN): the host keeps the cache

@@ -733,3 +733,18 @@ def test_weight_sharing_is_for_qnn_from_v73_and_for_a_device() -> None:
                            stop_after="compile")
     PipelineContext.create("m", backend="qnn", soc="SM8650", recipe="16a8w", compile=shared,
                            infer={"device": "auto"})
+
+
+def test_a_generation_section_implies_the_kv_cache_export_as_the_prompt_flag_does() -> None:
+    ctx = PipelineContext.create(
+        "tiny-llama", prepare={"max_seq_len": 64}, infer={"generation": {"prompt": "hi"}},
+    )
+    assert ctx.prepare.kv_cache and ctx.prepare.max_seq_len == 64
+    qnn = PipelineContext.create(
+        "tiny-llama", backend="qnn", soc="SM8650", recipe="16a8w",
+        infer={"generation": {"prompt": "hi"}},
+    )
+    assert qnn.prepare.kv_cache and qnn.prepare.kv_io
+    # Said outright, it stands.
+    plain = PipelineContext.create("tiny-llama", prepare={"kv_cache": False})
+    assert not plain.prepare.kv_cache
