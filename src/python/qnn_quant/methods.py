@@ -168,6 +168,9 @@ def _observers(gm: torch.fx.GraphModule) -> dict[tuple[str, ...], tuple[str, Any
     return out
 
 
+_FIRST_FORWARD_ATTRS = ("original_dtype", "min_val", "max_val")
+
+
 def share_observers(source: torch.fx.GraphModule, dest: torch.fx.GraphModule) -> int:
     """Copy every observer's statistics from `source` (prefill) to its counterpart in `dest`.
 
@@ -188,6 +191,12 @@ def share_observers(source: torch.fx.GraphModule, dest: torch.fx.GraphModule) ->
                 "are not one program at two shapes, so they cannot share quantization scales",
             )
         observer.load_state_dict(match[1].state_dict())
+        # ExecuTorch's per-block (LPBQ) observer keeps its range and its input's dtype as plain
+        # attributes its first forward sets, outside the state dict: decode's never ran, and
+        # convert refuses them without these.
+        for attr in _FIRST_FORWARD_ATTRS:
+            if getattr(observer, attr, None) is None and getattr(match[1], attr, None) is not None:
+                setattr(observer, attr, getattr(match[1], attr))
     unobserved = [
         name for name, observer in dst.values()
         if not _has_observed(observer)

@@ -85,6 +85,29 @@ def test_decode_gets_prefills_scales_for_a_tied_lm_head() -> None:
         torch.testing.assert_close(decode, prefill[i], rtol=0, atol=0)
 
 
+def test_lpbq_decode_converts_with_prefills_block_scales() -> None:
+    """Per-block (LPBQ) observers learn their input's dtype on their first forward, which is
+    not state: decode's, filled by sharing, had none, and its conversion failed ("Expecting
+    original_dtype to be populated") for every causal LM at 16a4w_block."""
+    calibration = [torch.randint(0, VOCAB, (2 * PREFILL_LEN,), generator=torch.Generator()
+                                 .manual_seed(i)) for i in range(4)]
+    quantized, _ = quantize_causal_lm(
+        _programs(), target=HTP, recipe=Recipe.A16W4_BLOCK, spec=SPEC, calibration=calibration,
+        block_size=HIDDEN, progress=False,
+    )
+    blocks = {
+        method: [n.args[1] for n in program.graph.nodes
+                 if str(n.target) == "torchao.dequantize_affine.default"]
+        for method, program in quantized.items()
+    }
+    assert blocks[PREFILL] == blocks[DECODE] == [[1, HIDDEN]]  # the LM head, in one block
+    run = module_runner({m: reference_module(p) for m, p in quantized.items()}, SPEC)
+    ids = calibration[0][:PREFILL_LEN]
+    prefill = run(PREFILL, (ids[None], torch.arange(PREFILL_LEN)))[0][0]
+    decode = run(DECODE, (ids[None, :1], torch.tensor([0])))[0][0, 0]
+    torch.testing.assert_close(decode, prefill[0], rtol=0, atol=0)
+
+
 def test_sharing_refuses_to_leave_a_decode_observer_without_statistics() -> None:
     """Sharing from a prefill that was never calibrated leaves decode with nothing: refused,
     not converted at default scales."""
