@@ -18,6 +18,7 @@ Only ratios measured side by side mean anything on these noisy machines. Writes 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -29,7 +30,7 @@ from typing import Any
 import torch
 from stage_process import run_stage
 
-from qnn_common.config import CompileConfig
+from qnn_common.config import CompileConfig, PrepareConfig
 from qnn_common.recipes import Recipe
 from qnn_common.stages import method_program
 from qnn_common.tensorio import load_program
@@ -37,6 +38,8 @@ from qnn_compile.backends import lowering_for
 from qnn_compile.lower import lower_program
 from qnn_prepare.smollm2 import SMOLLM2, gguf_path, save_smollm2
 from qnn_prepare.tiny_decoders import save_tiny_decoder
+
+_PREPARE_DEFAULTS = {f.name: f.default for f in dataclasses.fields(PrepareConfig)}
 
 PROMPT = "Once upon a time"
 PEER = Path(__file__).with_name("llama_cpp_peer.py")
@@ -151,7 +154,10 @@ def main() -> None:
                    "few new tokens are enough), and compiled again with --weight-sharing for "
                    "the device program's size")
     p.add_argument("--soc", default="SM8650", help="qnn: the SoC (default: %(default)s)")
-    p.add_argument("--calibration-samples", type=int, default=8)
+    p.add_argument("--calibration-samples", type=int,
+                   default=_PREPARE_DEFAULTS["calibration_samples"],
+                   help="calibration windows, half of them chat-formatted for an instruct "
+                   "model (default: the pipeline's, %(default)s)")
     p.add_argument("--max-seq-len", type=int, default=128)
     p.add_argument("--prefill-len", type=int, default=32)
     p.add_argument("--new-tokens", type=int, default=64)
