@@ -21,6 +21,7 @@ from qnn_common.stages import PROGRAM
 from qnn_common.tensorio import load_program
 from qnn_pipeline.cli import main as pipeline_main
 from qnn_pipeline.orchestrator import run_pipeline
+from support import conv_models  # the models below, by name (an import, so Pants ships it)
 from support.summary import read_summary
 
 
@@ -76,7 +77,7 @@ def test_tiny_llama_16bit_activations_match_fake_quant(out: Path, recipe: Recipe
 
 def test_lpbq_blocks_linears_and_pointwise_convs(out: Path) -> None:
     # Issue 23, class 3: LPBQ used to block linears only, so a convolutional model was refused.
-    summary = _run(out, "support.conv_models:pointwise_and_spatial", "SM8650",
+    summary = _run(out, f"{conv_models.__name__}:pointwise_and_spatial", "SM8650",
                    Recipe.A16W4_BLOCK)
     (entry,) = (s for s in summary["stages"] if s["name"] == Stage.QUANTIZE.value)
     graph = load_program(Path(entry["artifact"]) / PROGRAM).graph
@@ -100,7 +101,7 @@ def test_lpbq_blocks_linears_and_pointwise_convs(out: Path) -> None:
 def test_a_weight_shared_by_a_conv_and_a_linear(out: Path, recipe: Recipe) -> None:
     # Issue 23, class 4: the linear read the weight through a reshape, quantized as an activation
     # and then per channel; QNN's AnnotateQuantAttrs failed on it (so do the plain upstream calls).
-    summary = _run(out, "support.conv_models:shared_weight", "SM8650", recipe)
+    summary = _run(out, f"{conv_models.__name__}:shared_weight", "SM8650", recipe)
     # Measured 45.9 dB (8a8w) and 83.7 dB (16a8w).
     assert float(summary["accuracy"]["sqnr_db_vs_fake_quant"]) >= 35.0
     (entry,) = (s for s in summary["stages"] if s["name"] == Stage.QUANTIZE.value)

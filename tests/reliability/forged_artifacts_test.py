@@ -76,18 +76,18 @@ def test_the_pipeline_recompiles_a_forged_compile_artifact_instead_of_reporting_
     assert (compile_dir / PTE).read_bytes() == (_stage_dir(a8w8, "compile") / PTE).read_bytes()
 
 
-def test_a_toml_prompt_without_a_kv_cache_is_an_error(
+def test_a_toml_prompt_for_a_model_that_is_no_causal_lm_is_an_error(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """The issue ran a 1 MB prompt as a plain forward and exited 0."""
+    """The issue ran a 1 MB prompt as a plain forward and exited 0. A generation section implies
+    the KV-cache export (as --prompt does), which a CNN cannot have."""
     config = tmp_path / "pipeline.toml"
     config.write_text('[pipeline]\nmodel = "tiny-cnn"\n\n[infer.generation]\nprompt = "Hi"\n')
     out = tmp_path / "out"
     assert pipeline_main(["--config", str(config), "--out", str(out)]) == 2
     err = capsys.readouterr().err
-    assert "error: infer.generation: {'prompt': 'Hi'} is invalid: generation needs a causal LM " \
-           "exported with a KV cache" in err, err
-    assert "kv_cache = true" in err
+    assert "'tiny-cnn' is invalid: a KV-cache export (--prompt, kv_cache) needs a causal LM" \
+        in err, err
     assert not out.exists()
 
 

@@ -127,6 +127,13 @@ def load_causal_lm(
         with tempfile.TemporaryDirectory() as tmp:
             directory = save_smollm2(Path(tmp) / spec)
             return _load_dir(directory, spec, max_seq_len, prefill_len)
+    path = _causal_lm_dir(spec)
+    return _load_dir(path, path.name, max_seq_len, prefill_len)
+
+
+def _causal_lm_dir(spec: str) -> Path:
+    """The local Hugging Face causal-LM directory `spec` names (not a built-in), or the error
+    saying why it is none."""
     path = Path(spec).expanduser()
     if not path.is_dir() and "/" not in spec and not spec.startswith((".", "~")):
         raise ConfigValidationError(
@@ -143,7 +150,7 @@ def load_causal_lm(
             "a KV-cache export needs a causal LM (config.json architectures ending in "
             "ForCausalLM); drop --prompt / kv_cache for other models",
         )
-    return _load_dir(path, path.name, max_seq_len, prefill_len)
+    return path
 
 
 def _load_dir(
@@ -222,9 +229,7 @@ def check_prompt_fits(
     else:
         from transformers import AutoConfig
 
-        directory = Path(spec).expanduser()
-        if not is_causal_lm_dir(directory):
-            return  # load_causal_lm says what is wrong with it
+        directory = _causal_lm_dir(spec)  # not one: refused here, before --out is touched
         check_model_dir(directory)
         config = AutoConfig.from_pretrained(str(directory), **HF_LOAD)
         config = config.get_text_config()
