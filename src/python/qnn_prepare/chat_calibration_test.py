@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from qnn_prepare.causal_lm import load_causal_lm
+from qnn_prepare.causal_lm import CausalLm, load_causal_lm
 from qnn_prepare.chat_calibration import chat_sequences
 from qnn_prepare.tiny_decoders import save_tiny_decoder
 
 _TEMPLATE = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
 
 
-def _lm(tmp_path: Path, template: str | None) -> object:
+def _lm(tmp_path: Path, template: str | None) -> CausalLm:
     from transformers import AutoTokenizer
 
     directory = save_tiny_decoder("tiny-qwen", tmp_path / "hf", seed=3)
@@ -25,7 +25,7 @@ def _lm(tmp_path: Path, template: str | None) -> object:
 def test_windows_are_conversations_in_the_models_template(tmp_path: Path) -> None:
     lm = _lm(tmp_path, _TEMPLATE)
     # The tiny tokenizer is one token per byte: a window long enough to reach the answer.
-    windows = chat_sequences(lm, 3, 160)  # type: ignore[arg-type]
+    windows = chat_sequences(lm, 3, 160)
     assert len(windows) == 3 and all(w.shape == (160,) for w in windows)
     texts = [bytes(w.tolist()).decode("utf-8", "replace") for w in windows]
     assert all(t.startswith("<user>") and "<assistant>" in t for t in texts)
@@ -33,4 +33,4 @@ def test_windows_are_conversations_in_the_models_template(tmp_path: Path) -> Non
 
 
 def test_a_model_without_a_template_gets_none(tmp_path: Path) -> None:
-    assert chat_sequences(_lm(tmp_path, None), 3, 48) == []  # type: ignore[arg-type]
+    assert chat_sequences(_lm(tmp_path, None), 3, 48) == []

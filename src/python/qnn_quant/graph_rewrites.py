@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from qnn_quant.graph_params import add_param
+from qnn_quant.graph_params import add_param, owner
 
 aten = torch.ops.aten
 
@@ -121,11 +121,14 @@ def constant_weight_views_folded(gm: torch.fx.GraphModule) -> int:
         if found is None:
             continue
         root, chain = found
-        value = _attr(gm, str(root.target))
+        holder, leaf = owner(gm, str(root.target))
+        value = getattr(holder, leaf)
         with torch.no_grad():
             folded = value.detach()
             for view in chain:
-                folded = view.target(folded, *view.args[1:], **view.kwargs)  # type: ignore[operator]
+                op = view.target
+                assert callable(op)  # a call_function node in _VIEWS: an aten op
+                folded = op(folded, *view.args[1:], **view.kwargs)
             folded = folded.contiguous().clone()
         name = add_param(gm, f"{root.target}_folded", folded)
         with gm.graph.inserting_before(node):
@@ -138,11 +141,3 @@ def constant_weight_views_folded(gm: torch.fx.GraphModule) -> int:
         gm.graph.lint()
         gm.recompile()
     return count
-
-
-def _attr(gm: torch.fx.GraphModule, dotted: str) -> torch.Tensor:
-    holder: Any = gm
-    for part in dotted.split("."):
-        holder = getattr(holder, part)
-    assert isinstance(holder, torch.Tensor), dotted
-    return holder
