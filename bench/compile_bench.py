@@ -73,6 +73,7 @@ def bench(layers: int, args: argparse.Namespace, work: Path) -> dict[str, Any]:
     shapes = ["--max-seq-len", str(args.max_seq_len), "--prefill-len", str(args.prefill_len)]
     steps = [
         ("prepare", ["qnn_prepare.cli", "--model", str(model), "--kv-cache", *shapes,
+                     *(["--custom-ops"] if args.custom_ops else []),
                      "--calibration-samples", str(args.calibration_samples), "-o", str(prep),
                      "-q"]),
         ("quantize", ["qnn_quant.cli", str(prep), "--backend", "xnnpack", "--recipe",
@@ -98,6 +99,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--layers", type=int, nargs="+", default=[2, 4, 8, 16, 30])
     p.add_argument("--recipe", default="8a8w")
+    p.add_argument("--no-custom-ops", dest="custom_ops", action="store_false",
+                   help="the KV cache as plain ATen ops, not ExecuTorch's LLM custom ops (the "
+                   "pipeline's default for xnnpack)")
     p.add_argument("--max-seq-len", type=int, default=512)
     p.add_argument("--prefill-len", type=int, default=32)
     p.add_argument("--calibration-samples", type=int, default=4)
@@ -109,6 +113,7 @@ def main() -> None:
         rows = [bench(layers, args, Path(tmp)) for layers in sorted(args.layers)]
     result = {
         "model": "SmolLM2-135M architecture, seeded random weights", "recipe": args.recipe,
+        "custom_ops": args.custom_ops,
         "machine": f"{platform.machine()}, {os.cpu_count()} cores",
         "date": time.strftime("%Y-%m-%d"), "torch": torch.__version__, "rows": rows,
     }

@@ -31,7 +31,7 @@ import torch
 from stage_process import run_stage
 
 from qnn_common.config import CompileConfig, PrepareConfig
-from qnn_common.recipes import Recipe
+from qnn_common.recipes import BACKENDS, Backend, Recipe
 from qnn_common.stages import method_program
 from qnn_common.tensorio import load_program
 from qnn_compile.backends import lowering_for
@@ -75,8 +75,11 @@ def _run(model: str, recipe: str, work: Path, args: argparse.Namespace) -> dict[
                            "peak_rss_mb": {}}
     qnn = args.backend == "qnn"
     target = ["--backend", args.backend] + (["--soc", args.soc] if qnn else [])
+    # The cache as the pipeline keeps it for this backend: on the host (QNN), or written by
+    # ExecuTorch's LLM custom ops (XNNPACK) unless --no-custom-ops.
+    custom_ops = BACKENDS[Backend(args.backend)].llm_custom_ops and args.custom_ops
     steps = [("prepare", ["qnn_prepare.cli", "--model", model, "--kv-cache", *shapes,
-                          *(["--kv-io"] if qnn else []),
+                          *(["--kv-io"] if qnn else []), *(["--custom-ops"] if custom_ops else []),
                           "--calibration-samples", str(args.calibration_samples),
                           "-o", str(prep), "-q"])]
     source = prep
@@ -158,6 +161,8 @@ def main() -> None:
                    default=_PREPARE_DEFAULTS["calibration_samples"],
                    help="calibration windows, half of them chat-formatted for an instruct "
                    "model (default: the pipeline's, %(default)s)")
+    p.add_argument("--no-custom-ops", dest="custom_ops", action="store_false",
+                   help="xnnpack: the KV cache as plain ATen ops, not ExecuTorch's LLM custom ops")
     p.add_argument("--max-seq-len", type=int, default=128)
     p.add_argument("--prefill-len", type=int, default=32)
     p.add_argument("--new-tokens", type=int, default=64)

@@ -1,14 +1,22 @@
 """A decoder lowered for XNNPACK with our partitioning (qnn_compile.partition_merge and
-qnn_compile.partition_recompile) and with ExecuTorch's own: the same .pte bytes."""
+qnn_compile.partition_recompile) and with ExecuTorch's own: the same .pte bytes. Likewise with
+and without skipping XNNPACK's passes that cannot change a partition (qnn_compile.xnnpack_passes),
+on the decoder and on a convolutional model that every one of those passes has work in."""
 
 from __future__ import annotations
 
+from collections import Counter
+
+import pytest
 import torch
+from torch import nn
+from torch.nn import functional as F
 
 from qnn_common.config import CompileConfig
 from qnn_common.recipes import Backend, Recipe
 from qnn_common.target import Target
 from qnn_compile.backends import lowering_for
+from qnn_compile import xnnpack_passes
 from qnn_compile.lower import lower_program
 from qnn_prepare.causal_lm import export_methods, load_causal_lm, text_sequences
 from qnn_quant.methods import quantize_causal_lm
@@ -34,3 +42,87 @@ def test_fast_partitioning_lowers_a_decoder_to_the_same_pte() -> None:
     ours = lower_program(programs, lowering)
     assert stock.partitions > 2  # the merge had work to do
     assert ours.pte == stock.pte
+
+
+class _EveryPass(nn.Module):
+    """Batch norm after a convolution and alone, ReLU after a convolution, a 1-d convolution,
+    PReLU, padding, bilinear upsampling and a concatenation of many inputs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = nn.BatchNorm2d(8)
+        self.lone_bn = nn.BatchNorm2d(8)
+        self.conv1d = nn.Conv1d(8, 8, 3, padding=1)
+        self.prelu = nn.PReLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(self.bn(self.conv(x)))  # [1, 8, 8, 8]
+        y = self.lone_bn(y + 1)
+        z = self.conv1d(y.flatten(2)).reshape(1, 8, 8, 8)
+        z = F.pad(self.prelu(z), (1, 1, 1, 1))[:, :, 1:-1, 1:-1]
+        up = F.interpolate(z, scale_factor=2.0, mode="bilinear", align_corners=False)
+        return torch.cat([up[:, i : i + 1] for i in range(8)], dim=1)
+
+
+def _every_pass() -> dict[str, torch.export.ExportedProgram]:
+    torch.manual_seed(0)
+    model = _EveryPass().eval()
+    for bn in (model.bn, model.lone_bn):  # statistics that are not the identity
+        bn.running_mean.uniform_(-1, 1)
+        bn.running_var.uniform_(0.5, 2)
+    return {"forward": torch.export.export(model, (torch.randn(1, 3, 8, 8),))}
+
+
+@pytest.mark.parametrize(
+    "programs, recipe",
+    [(lambda: {"decode": _quantized_decoder()["decode"]}, Recipe.A8W8),
+     (_every_pass, Recipe.FP32)],
+    ids=["decoder-8a8w", "conv-fp32"],
+)
+def test_skipping_idle_xnnpack_passes_gives_the_same_pte(
+    programs: object, recipe: Recipe, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    exported = programs()  # type: ignore[operator]  # one of the two builders above
+    lowering = lowering_for(CompileConfig(backend=Backend.XNNPACK, recipe=recipe))
+    ran: Counter[str] = Counter()
+    applies = dict(xnnpack_passes.PASS_APPLIES)
+
+    def counted(name: str) -> object:
+        def check(present: frozenset[object]) -> bool:
+            hit = applies[name](present)
+            ran[name] += hit
+            return hit
+
+        return check
+
+    monkeypatch.setattr(xnnpack_passes, "PASS_APPLIES", {n: counted(n) for n in applies})
+    ours = lower_program(exported, lowering)
+    monkeypatch.setattr(xnnpack_passes, "PASS_APPLIES", {})  # every pass runs, as upstream's
+    stock = lower_program(exported, lowering)
+    assert ours.pte == stock.pte and ours.partitions == stock.partitions
+    convolutional = {"FuseBatchNormPass", "DecomposeBatchNorm", "FuseActivationPass",
+                     "DecomposeConcatenate", "InsertPadQDQPass", "Conv1dUnsqueezePass",
+                     "ConvertToUpsampleBilinear2d"}
+    if recipe is Recipe.FP32:  # each of those had something to change
+        assert {name for name, hits in ran.items() if hits} >= convolutional, ran
+    else:  # a decoder's partitions: nothing for them but RoPE's concatenations
+        assert not any(ran[name] for name in convolutional - {"DecomposeConcatenate"}), ran
+
+
+def test_a_pass_applies_where_its_ops_or_a_whole_pattern_are() -> None:
+    from executorch.backends.xnnpack.partition.graphs import sdpa
+    from executorch.exir.dialects._ops import ops as exir_ops
+
+    applies = xnnpack_passes.PASS_APPLIES
+    edge = exir_ops.edge.aten
+    for pattern in sdpa.get_graphs():
+        ops = frozenset(n.target for n in pattern.graph.nodes if n.op == "call_function")
+        assert applies["ConvertToSDPAPass"](ops | {edge.relu.default})
+        assert not applies["ConvertToSDPAPass"](ops - {next(iter(ops))})  # one op short
+    assert applies["PReLUReshapePass"](frozenset({edge._prelu_kernel.default}))
+    assert not applies["PReLUReshapePass"](frozenset({edge.prelu.default}))  # kept whole: no-op
+    assert applies["DecomposeBatchNorm"](
+        frozenset({edge._native_batch_norm_legit_no_training.default})
+    )
+    assert not applies["FuseActivationPass"](frozenset({edge.linear.default, edge.add.Tensor}))

@@ -212,13 +212,24 @@ def _tiny_family(name: str, directory: Path) -> Path:
     return directory
 
 
+@pytest.mark.parametrize("custom_ops", [False, True], ids=["aten", "custom-ops"])
 @pytest.mark.parametrize("family", ["llama", "qwen2", "mistral", "phi3"])
 def test_decoder_families_export_with_a_cache_that_matches_eager(
-    family: str, tmp_path: Path
+    family: str, custom_ops: bool, tmp_path: Path
 ) -> None:
     lm = load_causal_lm(str(_tiny_family(family, tmp_path / family)), max_seq_len=32,
                         prefill_len=8)
-    programs = export_methods(lm)
+    programs = export_methods(lm, custom_ops=custom_ops)
+    for program in programs.values():
+        ops = {str(n.target) for n in program.graph.nodes if n.op == "call_function"}
+        # ExecuTorch's ops write the cache and attend; transformers' static cache writes with
+        # index_copy and masks with a boolean mask it builds.
+        custom = {"llama.update_cache.default", "llama.custom_sdpa.default"}
+        indexed = {op for op in ops if "index_copy" in op or "index_put" in op}
+        if custom_ops:
+            assert custom <= ops and not indexed, sorted(ops)
+        else:
+            assert not custom & ops and indexed, sorted(ops)
     modules = {m: p.module() for m, p in programs.items()}
     prefill, decode = method_steps(lm.spec, module_runner(modules, lm.spec))
     tokens = torch.randint(0, 128, (13,), generator=torch.Generator().manual_seed(1)).tolist()

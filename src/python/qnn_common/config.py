@@ -159,6 +159,10 @@ class PrepareConfig:
     # With kv_cache: keep the cache outside the program, as the methods' inputs and outputs (for
     # backends without mutable buffers: QNN). The pipeline sets it from the backend.
     kv_io: bool = False
+    # With kv_cache: write and read the cache with ExecuTorch's LLM custom ops (update_cache,
+    # custom_sdpa) instead of transformers' static cache; what ExecuTorch's own Llama export does
+    # for XNNPACK. The pipeline sets it from the backend (`BackendTraits.llm_custom_ops`).
+    custom_ops: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model.strip():
@@ -183,6 +187,13 @@ class PrepareConfig:
         if self.kv_io and not self.kv_cache:
             raise ConfigValidationError(
                 "prepare.kv_io", True, "shapes a KV-cache export: set kv_cache too"
+            )
+        if self.custom_ops and (self.kv_io or not self.kv_cache):
+            raise ConfigValidationError(
+                "prepare.custom_ops", True,
+                "writes a static KV cache in place: set kv_cache, and not kv_io (a cache kept "
+                "by the host, as QNN's is, is the methods' inputs and outputs, with no ops to "
+                "write it); ExecuTorch's LLM custom ops run on xnnpack and portable",
             )
         if (self.max_seq_len is not None or self.prefill_len is not None) and not self.kv_cache:
             raise ConfigValidationError(
@@ -550,6 +561,9 @@ class PipelineContext:
         if not BACKENDS[backend].mutable_buffers and prepare.get("kv_cache") \
                 and "kv_io" not in prepare:
             prepare["kv_io"] = True  # no mutable buffers (QNN): the host keeps the cache
+        if BACKENDS[backend].llm_custom_ops and prepare.get("kv_cache") \
+                and "custom_ops" not in prepare:
+            prepare["custom_ops"] = True
         return cls(
             prepare=_build(PrepareConfig, "prepare", prepare, dict(model=model)),
             quantize=q,

@@ -368,7 +368,8 @@ def test_load_unknown_stage_key_names_path_and_lists_allowed(write_toml: WriteTo
     msg = str(err)
     assert msg.startswith("prepare.seqlen: 64 is invalid: unknown key")
     assert err.allowed == ("seq_len", "calibration_samples", "eval_samples", "calibration_file",
-                           "seed", "kv_cache", "max_seq_len", "prefill_len", "kv_io")
+                           "seed", "kv_cache", "max_seq_len", "prefill_len", "kv_io",
+                           "custom_ops")
     assert "seq_len" in msg
 
 
@@ -698,6 +699,30 @@ def test_kv_cache_settings_need_kv_cache_and_qnn_gets_kv_io() -> None:
     assert ctx.prepare.kv_io  # QNN has no mutable buffers: the host keeps the cache
     xnn = PipelineContext.create("tiny-llama", prepare={"kv_cache": True})
     assert not xnn.prepare.kv_io
+
+
+def test_custom_ops_default_from_the_backend_and_need_a_cache_written_in_place() -> None:
+    xnn = PipelineContext.create("tiny-llama", prepare={"kv_cache": True})
+    assert xnn.prepare.custom_ops  # what ExecuTorch's own Llama export does for XNNPACK
+    portable = PipelineContext.create("tiny-llama", backend="portable", prepare={"kv_cache": True})
+    assert not portable.prepare.custom_ops  # the reference keeps ATen ops
+    asked = PipelineContext.create(
+        "tiny-llama", backend="portable", prepare={"kv_cache": True, "custom_ops": True}
+    )
+    assert asked.prepare.custom_ops
+    declined = PipelineContext.create("tiny-llama", prepare={"kv_cache": True, "custom_ops": False})
+    assert not declined.prepare.custom_ops
+    assert not PipelineContext.create("tiny-llama").prepare.custom_ops  # no cache, no ops
+    qnn = PipelineContext.create("tiny-llama", backend="qnn", soc="SM8650", recipe="16a8w",
+                                 prepare={"kv_cache": True})
+    assert not qnn.prepare.custom_ops
+    with pytest.raises(ConfigValidationError, match="set kv_cache, and not kv_io"):
+        PrepareConfig(model="tiny-llama", custom_ops=True)
+    with pytest.raises(ConfigValidationError, match="set kv_cache, and not kv_io"):
+        PrepareConfig(model="tiny-llama", kv_cache=True, kv_io=True, custom_ops=True)
+    with pytest.raises(ConfigValidationError, match="as QNN's is"):
+        PipelineContext.create("tiny-llama", backend="qnn", soc="SM8650", recipe="16a8w",
+                               prepare={"kv_cache": True, "custom_ops": True})
 
 
 def test_generation_table_loads_from_toml(write_toml: WriteToml) -> None:

@@ -18,6 +18,11 @@ from qnn_common.manifest import NOT_IN_CACHE_KEY
 # exp() to ~1e-111, and is the value ExecuTorch's own QNN Llama export uses.
 MASK_VALUE = -255.0
 
+# Importing it registers ExecuTorch's LLM custom ops (`llama::update_cache`, `custom_sdpa`) with
+# torch and their kernels with ExecuTorch's runtime: a program exported with them
+# (qnn_prepare.custom_op_attention) loads and runs only after that.
+LLM_CUSTOM_OPS_MODULE = "executorch.extension.llm.custom_ops.custom_ops"
+
 PREFILL = "prefill"
 DECODE = "decode"
 METHODS = (PREFILL, DECODE)

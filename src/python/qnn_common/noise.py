@@ -18,6 +18,10 @@ message means, so that a new version's noise is added here (with its reason) and
   per op) that an op a partitioner asked to keep whole, such as `aten.unbind.int`, is decomposed
   after all because it is mutable or aliases its output: nothing we can act on, no effect on the
   program.
+- ExecuTorch's LLM custom ops (`executorch.extension.llm.custom_ops`) log through the root
+  logger where they look for and load their library, and their attention kernel, run eagerly
+  through torch (a quantize stage's fake-quant model), prints `[kernel_runtime_context.h:NN] No
+  temp allocator provided` to fd 2 on every call: it then allocates its scratch itself.
 - ExecuTorch's QNN quantizer prints (to stdout, per node) "No quant config is implemented for
   op, aten.dropout.default" for ops that carry no value to quantize: dropout (an identity at
   inference), contiguous and alias (views of their input); see `printed_noise_filtered`. The same
@@ -51,6 +55,7 @@ LOG_NOISE: tuple[tuple[str, str], ...] = (
     # Logged with logging.warn, i.e. by the root logger itself.
     ("root", r"^Op \S+ was requested for preservation by partitioner\.  This request is ignored "
              r"because it (is mutable|aliases output)\.$"),
+    ("root", r"^(Looking for libcustom_ops_aot_lib\.so in|Loading custom ops library:) "),
 )
 
 # (category, module regex) for Python warnings raised from inside these libraries' code.
@@ -66,6 +71,7 @@ WARNING_MESSAGES: tuple[tuple[type[Warning], str], ...] = ((FutureWarning, r".*L
 NATIVE_NOISE: tuple[re.Pattern[str], ...] = (
     re.compile(r"^\[cpuinfo_utils\.cpp:\d+\] "),
     re.compile(r"^\[INFO\] \[Qnn ExecuTorch\]: "),
+    re.compile(r"^\[kernel_runtime_context\.h:\d+\] No temp allocator provided$"),
 )
 
 # Lines third-party code print()s to stdout that carry no information for the user.

@@ -151,6 +151,10 @@ class BackendTraits:
     # A program may update buffers in place (a static KV cache); QNN has no mutable buffers, so
     # a KV-cache program for it keeps the cache as its inputs and outputs.
     mutable_buffers: bool
+    # A KV-cache program's cache written and read by ExecuTorch's LLM custom ops by default
+    # (qnn_prepare.custom_op_attention): fused CPU attention, and no portable kernels between
+    # the delegate's partitions of every layer.
+    llm_custom_ops: bool
     runtime_id: str | None  # the delegate id a .pte names it by (None: no delegate)
 
 
@@ -161,7 +165,7 @@ BACKENDS: dict[Backend, BackendTraits] = {
         hint="XNNPACK runs fp32, 8a8w (symmetric int8 weights, int8 activations) and 8da4w "
         "(int8 activations per token at run time, 4-bit grouped weights)",
         float_recipe=Recipe.FP32, needs_soc=False, dynamic_activations=True,
-        mutable_buffers=True, runtime_id="XnnpackBackend",
+        mutable_buffers=True, llm_custom_ops=True, runtime_id="XnnpackBackend",
     ),
     # The reference for quantized programs too: quantized_decomposed kernels, bit-exact with
     # fake quant, so it tells a backend's deviation from the quantizer's. 8da4w runs there as
@@ -170,14 +174,15 @@ BACKENDS: dict[Backend, BackendTraits] = {
         recipes=(Recipe.FP32, Recipe.A8W8, Recipe.A8DW4),
         hint="the portable reference kernels run fp32, 8a8w and 8da4w",
         float_recipe=Recipe.FP32, needs_soc=False, dynamic_activations=True,
-        mutable_buffers=True, runtime_id=None,
+        # The reference keeps the plain ATen ops (custom_ops can be asked for).
+        mutable_buffers=True, llm_custom_ops=False, runtime_id=None,
     ),
     # No fp32 datapath: a float program is fp16.
     Backend.QNN: BackendTraits(
         recipes=tuple(r for r in Recipe if r not in (Recipe.FP32, Recipe.A8DW4)),
         hint="the HTP has no fp32 datapath; use fp16 for a float model",
         float_recipe=Recipe.FP16, needs_soc=True, dynamic_activations=False,
-        mutable_buffers=False, runtime_id="QnnBackend",
+        mutable_buffers=False, llm_custom_ops=False, runtime_id="QnnBackend",
     ),
 }
 

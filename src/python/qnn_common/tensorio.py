@@ -24,6 +24,7 @@ import torch
 from qnn_common import program_handoff, serde_speed
 from qnn_common.atomic import atomic_write_bytes
 from qnn_common.errors import ArtifactError
+from qnn_common.llm_spec import LLM_CUSTOM_OPS_MODULE
 from qnn_common.pt2_archive import MODEL, check_pt2_archive
 
 Sample = tuple[torch.Tensor, ...]
@@ -320,7 +321,9 @@ def sample_mismatch(samples: Sequence[Sample], like: Sample) -> str | None:
     return None
 
 
-_QUANT_OP_LIBRARIES = ("torchao.quantization.pt2e", "torchao.quantization.quant_primitives")
+_OP_LIBRARIES = (
+    "torchao.quantization.pt2e", "torchao.quantization.quant_primitives", LLM_CUSTOM_OPS_MODULE,
+)
 
 
 def save_program(path: Path, program: torch.export.ExportedProgram) -> None:
@@ -394,9 +397,10 @@ def load_program(path: Path) -> torch.export.ExportedProgram:
         return handed
     with path.open("rb") as file:
         checked = check_pt2_archive(path, file)
-    # A PT2E-quantized program holds quantized_decomposed / torchao ops: their op libraries must
-    # be registered before deserialization, or a fresh process (a stage run alone) can't load it.
-    for library in _QUANT_OP_LIBRARIES:
+    # A PT2E-quantized program holds quantized_decomposed / torchao ops, a causal LM exported
+    # with custom ops ExecuTorch's `llama` ops: their op libraries must be registered before
+    # deserialization, or a fresh process (a stage run alone) can't load it.
+    for library in _OP_LIBRARIES:
         with contextlib.suppress(ImportError):
             importlib.import_module(library)
     serde_speed.install()

@@ -17,6 +17,7 @@ from typing import Any
 
 from qnn_common.errors import ArtifactError
 from qnn_common.noise import native_noise_filtered
+from qnn_common.llm_spec import LLM_CUSTOM_OPS_MODULE
 from qnn_common.recipes import BACKENDS, Backend
 
 log = logging.getLogger(__name__)
@@ -26,10 +27,12 @@ _BACKEND_IDS = {t.runtime_id: b for b, t in BACKENDS.items() if t.runtime_id is 
 
 
 def host_runtime() -> Any:
-    """ExecuTorch's runtime in this process, with the quantized kernel library registered:
-    programs that run quantized_decomposed ops outside a delegate (portable 8a8w's q / dq, 8da4w's
-    embedding lookups, `embedding_byte` / `embedding_4bit`) fail to load methods without it."""
-    importlib.import_module("executorch.kernels.quantized")  # imported for its side effect
+    """ExecuTorch's runtime in this process, with the quantized and LLM kernel libraries
+    registered: programs that run quantized_decomposed ops outside a delegate (portable 8a8w's
+    q / dq, 8da4w's embedding lookups, `embedding_byte` / `embedding_4bit`) or ExecuTorch's
+    `llama` custom ops (a causal LM's cache and attention) fail to load methods without them."""
+    importlib.import_module("executorch.kernels.quantized")  # imported for their side effect
+    importlib.import_module(LLM_CUSTOM_OPS_MODULE)
     from executorch.runtime import Runtime
 
     return Runtime.get()

@@ -97,6 +97,11 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default: min(512, max_position_embeddings))")
     p.add_argument("--prefill-len", type=int,
                    help="causal LMs with --prompt: tokens per prefill call (default: 32)")
+    p.add_argument("--custom-ops", action=argparse.BooleanOptionalAction, default=None,
+                   help="causal LMs with --prompt: the KV cache written and read by ExecuTorch's "
+                   "LLM custom ops (update_cache, custom_sdpa; the runtime must link them) "
+                   "instead of plain ATen ops (default: on for xnnpack, off for portable; qnn "
+                   "keeps its cache on the host)")
     add_inputs_arg(p)
     add_htp_performance_mode_arg(p, default=None)
     add_weight_sharing_arg(p)
@@ -134,7 +139,8 @@ def context_from_args(args: argparse.Namespace) -> PipelineContext:
         "prepare": {"seq_len": args.seq_len, "calibration_samples": args.calibration_samples,
                     # A prompt asks for generation: the causal LM is exported with a KV cache.
                     "kv_cache": True if generation is not None else None,
-                    "max_seq_len": args.max_seq_len, "prefill_len": args.prefill_len},
+                    "max_seq_len": args.max_seq_len, "prefill_len": args.prefill_len,
+                    "custom_ops": args.custom_ops},
         "quantize": {"group_size": args.group_size, "group_mapping": args.group_mapping,
                      "embedding_weights": args.embedding_weights},
         "compile": {"htp_performance_mode": args.htp_performance_mode,

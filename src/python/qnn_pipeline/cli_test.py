@@ -33,6 +33,14 @@ def test_stage_flags_reach_stage_configs() -> None:
     assert ctx.infer.runs == 7
 
 
+def test_custom_ops_follow_the_backend_unless_said() -> None:
+    prompt = ("--model", "tiny-llama", "--prompt", "Hi")
+    assert _ctx(*prompt).prepare.custom_ops
+    assert not _ctx(*prompt, "--no-custom-ops").prepare.custom_ops
+    assert not _ctx(*prompt, "--backend", "portable").prepare.custom_ops
+    assert _ctx(*prompt, "--backend", "portable", "--custom-ops").prepare.custom_ops
+
+
 def test_flags_override_the_toml_file(tmp_path: Path) -> None:
     config = tmp_path / "p.toml"
     config.write_text('[pipeline]\nmodel = "tiny-cnn"\nrecipe = "fp32"\n[infer]\nruns = 9\n')

@@ -25,7 +25,7 @@ from torch import nn
 from qnn_common.errors import ArtifactError, ConfigValidationError
 from qnn_common.hf_untrusted import HF_LOAD, check_model_dir, read_hf_json
 from qnn_common.llm import DECODE, PREFILL, LlmSpec, check_fits
-from qnn_prepare import grouped_attention
+from qnn_prepare import custom_op_attention, grouped_attention
 from qnn_prepare.smollm2 import SMOLLM2, gguf_path, save_smollm2
 from qnn_prepare.tiny_decoders import (
     TINY_CONTEXT,
@@ -283,18 +283,36 @@ class StaticCacheLm(nn.Module):
         return logits
 
 
-def export_methods(lm: CausalLm) -> dict[str, torch.export.ExportedProgram]:
+def export_methods(
+    lm: CausalLm, *, custom_ops: bool = False
+) -> dict[str, torch.export.ExportedProgram]:
     """torch.export ``prefill`` (prefill_len tokens) and ``decode`` (1 token) of one module.
 
     A decoder with plain scaled dot-product attention is exported with `grouped_attention`
-    (the same values; grouped-query attention without a copy of the cache per query head)."""
-    module = StaticCacheLm(lm.hf, lm.spec.max_seq_len).eval()
+    (the same values; grouped-query attention without a copy of the cache per query head), or
+    with `custom_ops`, its cache and attention as ExecuTorch's LLM custom ops
+    (`custom_op_attention`)."""
+    plain = grouped_attention.uses_plain_attention(lm.hf)
+    if custom_ops and not plain:
+        raise ConfigValidationError(
+            "prepare.custom_ops", type(lm.hf).__name__,
+            "ExecuTorch's custom_sdpa computes plain causal scaled dot-product attention, and "
+            "this model's attention is not that (soft-capping, sinks or another family); "
+            "export it without custom ops (qnn-pipeline --no-custom-ops)",
+        )
+    module: nn.Module = (
+        custom_op_attention.CustomOpCacheLm(lm.hf, lm.spec.max_seq_len)
+        if custom_ops else StaticCacheLm(lm.hf, lm.spec.max_seq_len)
+    ).eval()
     n = lm.spec.prefill_len
     shapes = {PREFILL: n, DECODE: 1}
     out = {}
     config: Any = lm.hf.config
     own = config._attn_implementation
-    if grouped_attention.uses_plain_attention(lm.hf):
+    if custom_ops:
+        custom_op_attention.register()
+        config._attn_implementation = custom_op_attention.NAME
+    elif plain:
         grouped_attention.register()
         config._attn_implementation = grouped_attention.NAME
     try:

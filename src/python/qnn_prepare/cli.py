@@ -49,6 +49,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help="with --kv-cache: the cache as the methods' inputs and outputs, kept "
                      "by the host (what the qnn backend needs: QNN has no mutable buffers; "
                      "qnn-pipeline sets it for --backend qnn)")
+    llm.add_argument("--custom-ops", action="store_true",
+                     help="with --kv-cache: write and read the cache with ExecuTorch's LLM "
+                     "custom ops (update_cache, custom_sdpa), as its Llama export does for "
+                     "XNNPACK; the runtime must link them (qnn-pipeline sets it for --backend "
+                     "xnnpack)")
     llm.add_argument("--max-seq-len", type=int,
                      help="context length of the cache (default: min(512, "
                      "max_position_embeddings))")
@@ -82,6 +87,7 @@ def _main(argv: Sequence[str] | None) -> int:
         seed=args.seed,
         kv_cache=args.kv_cache,
         kv_io=args.kv_io,
+        custom_ops=args.custom_ops,
         max_seq_len=args.max_seq_len,
         prefill_len=args.prefill_len,
     )

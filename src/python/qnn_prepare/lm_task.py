@@ -162,7 +162,7 @@ def _export_kv_cache(config: PrepareConfig) -> TaskExport:
         programs, rope = export_kv_io_methods(lm)
         spec = dataclasses.replace(spec, kv_layout=kv_layout(lm))
     else:
-        programs = export_methods(lm)
+        programs = export_methods(lm, custom_ops=config.custom_ops)
     timings["export_s"] = time.perf_counter() - t
     log.info("exported %s (%s) in %.1f s", lm.name, ", ".join(programs), timings["export_s"])
 

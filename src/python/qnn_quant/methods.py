@@ -22,6 +22,7 @@ from tqdm import tqdm
 from qnn_common.config import DEFAULT_LPBQ_BLOCK
 from qnn_common.errors import StageError
 from qnn_common.llm import DECODE, PREFILL, LlmSpec, MethodRunner, feed, method_steps
+from qnn_common.noise import native_noise_filtered
 from qnn_common.recipes import (
     DEFAULT_EMBEDDING_WEIGHTS,
     DEFAULT_GROUP_MAPPING,
@@ -53,7 +54,7 @@ def module_runner(modules: Mapping[str, torch.nn.Module], spec: LlmSpec) -> Meth
 
     def run(method: str, inputs: Sequence[torch.Tensor]) -> Sequence[torch.Tensor]:
         module = modules[method]
-        with torch.no_grad():
+        with torch.no_grad(), native_noise_filtered():
             if spec.kv_layout is None:
                 return [module(input_ids=inputs[0], cache_position=inputs[1])]
             return list(module(*inputs))

@@ -21,8 +21,9 @@ runtime):
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -31,6 +32,7 @@ from torch.export import ExportedProgram
 from qnn_common.config import CompileConfig
 from qnn_compile.backends import BackendLowering
 from qnn_compile.progress import logged_partitioner, logging_partitions
+from qnn_compile.xnnpack_passes import skipping_idle_passes
 
 
 def _layer_norm(
@@ -146,6 +148,14 @@ def _remove_noop_expand_copies(method: str, program: ExportedProgram) -> list[An
     return [RemoveNoopExpandCopyPass()]
 
 
+@contextlib.contextmanager
+def _logged_and_skipping(backend: type) -> Iterator[None]:
+    """Each partition's compile logged (`qnn_compile.progress`), and XNNPACK's passes that
+    cannot change a partition skipped (`qnn_compile.xnnpack_passes`: the same .pte)."""
+    with logging_partitions(backend), skipping_idle_passes():
+        yield
+
+
 def lowering(config: CompileConfig) -> BackendLowering:
     """Partition everything XNNPACK takes; the rest runs on the portable kernels. Partitioning
     and each partition's compile are logged as they happen (`qnn_compile.progress`)."""
@@ -160,6 +170,6 @@ def lowering(config: CompileConfig) -> BackendLowering:
             edge_transform_passes=[_remove_noop_expand_copies],
         ),
         aten_passes=(decompose_layer_norm, delegable_means),
-        context=lambda: logging_partitions(XnnpackBackend),
+        context=lambda: _logged_and_skipping(XnnpackBackend),
         record=config.target.record(),
     )
