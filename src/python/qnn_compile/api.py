@@ -48,12 +48,12 @@ PACKAGE = "qnn-compile"
 log = logging.getLogger(__name__)
 
 
-def _source(inp: CompileInput) -> tuple[Path, Manifest | None, dict[str, str]]:
-    """(program path, upstream manifest or None for a bare .pt2, input digests)."""
+def _source(inp: CompileInput) -> tuple[Path, Manifest | None]:
+    """(program path, upstream manifest, its files verified; None for a bare .pt2)."""
     if inp.source.is_dir():
         upstream = load_manifest(inp.source, expect_stage=(Stage.PREPARE, Stage.QUANTIZE))
-        return inp.source / PROGRAM, upstream, {upstream.stage: manifest_digest(inp.source)}
-    return inp.source, None, {"program": sha256_file(inp.source)}
+        return inp.source / PROGRAM, upstream
+    return inp.source, None
 
 
 def _toolchain_digests(cfg: CompileConfig) -> dict[str, str]:
@@ -67,9 +67,10 @@ def _toolchain_digests(cfg: CompileConfig) -> dict[str, str]:
 
 
 def _input_digests(inp: CompileInput) -> dict[str, str]:
-    """What the cache key covers: the upstream manifest's identity digest (read from its
-    manifest, whose own digest is checked; its files are verified when the stage runs, not to
-    compute a key), or a bare .pt2's sha256; plus the toolchain's."""
+    """What the cache key and the sealed manifest's inputs cover, one rule for both: the
+    upstream manifest's identity digest (read from its manifest, whose own digest is checked;
+    its files are verified when the stage runs, not to compute a key), or a bare .pt2's sha256;
+    plus the toolchain's."""
     if inp.source.is_dir():
         stage = load_manifest(
             inp.source, expect_stage=(Stage.PREPARE, Stage.QUANTIZE), verify=False
@@ -110,12 +111,12 @@ def _check_matches_upstream(source: Path, cfg: CompileConfig, upstream: Manifest
 def run_compile(inp: CompileInput) -> CompileOutput:
     """Lower to ExecuTorch for `inp.config`'s target and write model.pte (+ ETRecord)."""
     cfg = inp.config
-    program_path, upstream, digests = _source(inp)
+    program_path, upstream = _source(inp)
     _check_matches_upstream(inp.source, cfg, upstream)
     # The backend's lowering is built before any output is written: a missing SDK or an unknown
     # chipset is a clear error with nothing left behind.
     lowering = lowering_for(cfg)
-    digests = {**digests, **_toolchain_digests(cfg)}
+    digests = _input_digests(inp)
     method_files = program_files(upstream) if upstream is not None else None
     program: ExportedProgram | dict[str, ExportedProgram]
     if method_files is None or list(method_files) == [DEFAULT_METHOD]:

@@ -68,11 +68,9 @@ def prepare_runtime(backends: set[Backend]) -> RuntimeInfo:
     """
     if Backend.QNN not in backends:
         return RuntimeInfo()
-    from qnn_common.qnn_sdk import activate, check_compatible, find_qnn_sdk
+    from qnn_common.qnn_sdk import ready_qnn_sdk
 
-    sdk = find_qnn_sdk()
-    check_compatible(sdk)
-    activate(sdk)
+    sdk = ready_qnn_sdk()
     log.info("QNN %s from %s%s", sdk.qnn_version, sdk.root,
              " (x86 emulation through the compatibility bridge)" if sdk.bridged else "")
     return RuntimeInfo(

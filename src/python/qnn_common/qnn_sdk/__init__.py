@@ -8,7 +8,7 @@ Two kinds of SDK are used:
   compiled from ``htp_bridge.c``, which lets ExecuTorch 1.5.1 (built against QNN 2.37) drive
   QNN 2.51. It serves ahead-of-time compilation and HTP emulation on x86, never a device.
 
-The order of the calls matters and `activate` enforces it::
+The order of the calls matters and `activate` enforces it; `ready_qnn_sdk()` makes them::
 
     sdk = find_qnn_sdk()
     check_compatible(sdk)
@@ -22,7 +22,7 @@ versions the libraries report), `compat` (version skew), `activation` (loading i
 process), `cli` (`qnn-sdk-setup`), `layout` and `versions` (the paths and versions they share).
 """
 
-from qnn_common.qnn_sdk.activation import activate
+from qnn_common.qnn_sdk.activation import activate, ready_qnn_sdk
 from qnn_common.qnn_sdk.cli import main
 from qnn_common.qnn_sdk.compat import check_compatible
 from qnn_common.qnn_sdk.layout import (
@@ -47,4 +47,5 @@ __all__ = [
     "dev_sdk_cache_dir",
     "find_qnn_sdk",
     "main",
+    "ready_qnn_sdk",
 ]

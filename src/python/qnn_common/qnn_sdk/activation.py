@@ -10,8 +10,9 @@ import threading
 from pathlib import Path
 
 from qnn_common.errors import BackendNotAvailableError
+from qnn_common.qnn_sdk.compat import check_compatible
 from qnn_common.qnn_sdk.layout import ENV_SDK_ROOT, HTP_LIB, REAL_HTP_LIB, SYSTEM_LIB
-from qnn_common.qnn_sdk.sdk import QnnSdk
+from qnn_common.qnn_sdk.sdk import QnnSdk, find_qnn_sdk
 from qnn_common.qnn_sdk.versions import EXECUTORCH_VERSION
 
 log = logging.getLogger(__name__)
@@ -20,6 +21,15 @@ _activation_lock = threading.Lock()
 _active_root: Path | None = None
 # Held so the preloaded libraries are never garbage-collected into a dlclose.
 _preloaded: list[ctypes.CDLL] = []
+
+
+def ready_qnn_sdk() -> QnnSdk:
+    """The SDK this process uses, found, checked against ExecuTorch and activated, in the order
+    that requires: what a QNN compile or a QNN program run needs first."""
+    sdk = find_qnn_sdk()
+    check_compatible(sdk)
+    activate(sdk)
+    return sdk
 
 
 def activate(sdk: QnnSdk) -> None:

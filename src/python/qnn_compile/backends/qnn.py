@@ -21,7 +21,7 @@ from torch.export import ExportedProgram
 
 from qnn_common.config import HTP_PERFORMANCE_MODES, CompileConfig
 from qnn_common.errors import ConfigValidationError
-from qnn_common.qnn_sdk import activate, check_compatible, find_qnn_sdk
+from qnn_common.qnn_sdk import ready_qnn_sdk
 from qnn_common.recipes import Recipe
 from qnn_compile.backends import BackendLowering
 
@@ -53,9 +53,7 @@ def lowering(config: CompileConfig) -> BackendLowering:
     """HTP lowering for `config.target.soc` at `config.recipe` (fp16 or a quantized recipe)."""
     soc = config.target.soc
     assert soc is not None  # Target guarantees a SoC for qnn
-    sdk = find_qnn_sdk()
-    check_compatible(sdk)
-    activate(sdk)
+    sdk = ready_qnn_sdk()
 
     from executorch.backends.qualcomm._passes.qnn_pass_manager import get_qnn_pass_manager_cls
     from executorch.backends.qualcomm.partition.qnn_partitioner import QnnPartitioner
