@@ -58,7 +58,7 @@ def save_decoder(layers: int, directory: Path, seed: int = 1126) -> Path:
 def _stock_lower_s(source: Path, recipe: Recipe) -> float:
     """Seconds of lowering `source`'s methods with ExecuTorch's own partition merge."""
     manifest = load_manifest(source)
-    programs = {m: load_program(source / f) for m, f in program_files(manifest).items()}
+    programs = {m: load_program(source / f) for m, f in program_files(source, manifest).items()}
     lowering = lowering_for(CompileConfig(backend=Backend.XNNPACK, recipe=recipe))
     t = time.perf_counter()
     lower_program(programs, lowering, fast_partitioning=False)

@@ -41,7 +41,7 @@ OVERHEAD = (
     ("qnn_common/atomic.py", "atomic_copy"),
     ("qnn_common/atomic.py", "atomic_path"),
     ("qnn_quant/report.py", "accuracy_report"),
-    ("qnn_quant/api.py", "_call"),
+    ("qnn_quant/families/single.py", "_call"),
     ("qnn_compile/api.py", "compile_cache_key"),
     ("qnn_quant/api.py", "quantize_cache_key"),
     ("qnn_infer/api.py", "infer_cache_key"),

@@ -111,7 +111,8 @@ def _with_wrong_reference(compiled: Path, dst: Path) -> Path:
     m = load_manifest(compiled)
     write_manifest(dst, stage=m.stage, package=m.package, package_version=m.package_version,
                    config=m.config, inputs=m.inputs, files=[f.path for f in m.files],
-                   cache_key=m.cache_key, timings=m.timings, metrics=m.metrics)
+                   cache_key=m.cache_key, timings=m.timings, metrics=m.metrics,
+                   program=m.program)
     return dst
 
 

@@ -10,13 +10,12 @@ from collections import Counter
 import pytest
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 from qnn_common.config import CompileConfig
 from qnn_common.recipes import Backend, Recipe
 from qnn_common.target import Target
-from qnn_compile.backends import lowering_for
 from qnn_compile import xnnpack_passes
+from qnn_compile.backends import lowering_for
 from qnn_compile.lower import lower_program
 from qnn_prepare.causal_lm import export_methods, load_causal_lm, text_sequences
 from qnn_quant.methods import quantize_causal_lm
@@ -60,8 +59,8 @@ class _EveryPass(nn.Module):
         y = torch.relu(self.bn(self.conv(x)))  # [1, 8, 8, 8]
         y = self.lone_bn(y + 1)
         z = self.conv1d(y.flatten(2)).reshape(1, 8, 8, 8)
-        z = F.pad(self.prelu(z), (1, 1, 1, 1))[:, :, 1:-1, 1:-1]
-        up = F.interpolate(z, scale_factor=2.0, mode="bilinear", align_corners=False)
+        z = nn.functional.pad(self.prelu(z), (1, 1, 1, 1))[:, :, 1:-1, 1:-1]
+        up = nn.functional.interpolate(z, scale_factor=2.0, mode="bilinear", align_corners=False)
         return torch.cat([up[:, i : i + 1] for i in range(8)], dim=1)
 
 
@@ -69,8 +68,10 @@ def _every_pass() -> dict[str, torch.export.ExportedProgram]:
     torch.manual_seed(0)
     model = _EveryPass().eval()
     for bn in (model.bn, model.lone_bn):  # statistics that are not the identity
-        bn.running_mean.uniform_(-1, 1)
-        bn.running_var.uniform_(0.5, 2)
+        mean, var = bn.running_mean, bn.running_var
+        assert mean is not None and var is not None
+        mean.uniform_(-1, 1)
+        var.uniform_(0.5, 2)
     return {"forward": torch.export.export(model, (torch.randn(1, 3, 8, 8),))}
 
 

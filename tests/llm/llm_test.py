@@ -19,7 +19,7 @@ from qnn_common.errors import ConfigValidationError
 from qnn_common.llm import GenerationConfig, feed, method_steps
 from qnn_common.manifest import load_manifest
 from qnn_common.stages import PrepareInput, llm_spec_of
-from qnn_infer.causal_lm import load_tokenizer, prompt_ids
+from qnn_infer.families.causal_lm import load_tokenizer, prompt_ids
 from qnn_infer.generate import PteLm
 from qnn_pipeline.orchestrator import run_pipeline
 from qnn_prepare.api import run_prepare
@@ -65,8 +65,9 @@ def eager(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 def test_one_pte_holds_prefill_and_decode_sharing_the_cache(fp32: dict[str, Any]) -> None:
     compiled = load_manifest(_artifact(fp32, Stage.COMPILE), expect_stage=Stage.COMPILE)
-    assert compiled.metrics["methods"] == ["prefill", "decode"]
-    assert compiled.metrics["llm"]["max_seq_len"] == 48
+    assert compiled.program is not None and compiled.program.methods == ("prefill", "decode")
+    llm = compiled.program.llm
+    assert llm is not None and llm["max_seq_len"] == 48
     assert compiled.metrics["delegated_ops"] > 0 and compiled.metrics["partitions"] >= 2
     prepared = _artifact(fp32, Stage.PREPARE)
     assert (prepared / "tokenizer" / "tokenizer.json").is_file()  # the tokenizer travels along

@@ -24,6 +24,7 @@ import torch
 from qnn_common.child_env import python_child_env
 from qnn_common.config import PipelineContext, Stage
 from qnn_common.manifest import load_manifest
+from qnn_common.stages import PROGRAM
 from qnn_infer import cli as infer_cli  # imported: the child runs it (and Pants sees it)
 from qnn_pipeline.orchestrator import run_pipeline
 from qnn_testing.xnnpack_graph import (
@@ -183,7 +184,7 @@ def test_portable_8da4w_computes_what_fake_quant_computes(tmp_path: Path) -> Non
     assert not [op for op in compiled.metrics["non_delegated_op_counts"] if "torchao" in op]
     quantized = load_manifest(_artifact(summary, Stage.QUANTIZE), expect_stage=Stage.QUANTIZE)
     assert quantized.metrics["8da4w"]["linears_quantized"] == LINEARS_PER_METHOD
-    program = torch.export.load(_artifact(summary, Stage.QUANTIZE) / "program.pt2")
+    program = torch.export.load(_artifact(summary, Stage.QUANTIZE) / PROGRAM)
     # Each quantized weight is stored as its 4-bit values held in int8 (torchao's qdata, the
     # parametrization's first tensor), then its group scales and zero points; the head's
     # values are int8.

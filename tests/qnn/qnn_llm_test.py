@@ -27,7 +27,7 @@ from qnn_common.stages import (
 )
 from qnn_common.tensorio import load_program
 from qnn_infer.api import run_infer
-from qnn_infer.causal_lm import load_tokenizer, prompt_ids
+from qnn_infer.families.causal_lm import load_tokenizer, prompt_ids
 from qnn_infer.generate import generate
 from qnn_pipeline.orchestrator import run_pipeline
 from qnn_prepare.smollm2 import save_smollm2
@@ -74,8 +74,9 @@ def test_tiny_llama_16a4w_generates_on_the_htp_and_matches_fake_quant(out: Path)
     # ...and the whole decoder is one HTP partition per method.
     (entry,) = (s for s in summary["stages"] if s["name"] == "compile")
     compiled = load_manifest(Path(entry["artifact"]), expect_stage=Stage.COMPILE)
-    assert compiled.metrics["methods"] == ["prefill", "decode"]
-    assert compiled.metrics["llm"]["kv_layout"] == {"layers": 2, "kv_heads": 2, "head_dim": 16}
+    assert compiled.program is not None and compiled.program.methods == ("prefill", "decode")
+    llm = compiled.program.llm
+    assert llm is not None and llm["kv_layout"] == {"layers": 2, "kv_heads": 2, "head_dim": 16}
     assert compiled.metrics["partitions"] == 2
 
 
@@ -102,7 +103,7 @@ def test_weight_sharing_stores_the_weights_once_for_a_device_and_the_emulator_is
     manifest = load_manifest(shared, expect_stage=Stage.COMPILE)
     assert manifest.config["weight_sharing"] is True
     assert manifest.metrics["target"]["weight_sharing"] is True
-    assert manifest.metrics["methods"] == ["prefill", "decode"]
+    assert manifest.program is not None and manifest.program.methods == ("prefill", "decode")
     with pytest.raises(ConfigValidationError, match="only a device loads"):
         run_infer(InferInput(shared, InferConfig(), out / "infer-shared"))
     assert not (out / "infer-shared").exists()  # refused before anything was written
@@ -134,7 +135,7 @@ def _fake_quant_generation(quantized: Path, ids: list[int]) -> tuple[int, ...]:
     assert spec is not None
     modules = {
         m: reference_module(load_program(quantized / f))
-        for m, f in program_files(manifest).items()
+        for m, f in program_files(quantized, manifest).items()
     }
     steps = method_steps(spec, module_runner(modules, spec), rope_of(quantized, manifest))
     cfg = GenerationConfig(prompt=QUESTION, chat=True, max_new_tokens=SMOL_TOKENS)

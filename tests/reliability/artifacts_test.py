@@ -145,7 +145,7 @@ def test_output_around_or_inside_the_input_is_refused(run: Path, tmp_path: Path)
     with pytest.raises(ArtifactError, match="lies inside the input"):
         check_output_dir(quant / "sub", [quant])
     with pytest.raises(ArtifactError, match="is the input"):
-        check_output_dir(quant / "program.pt2", [quant / "program.pt2"])
+        check_output_dir(quant / PROGRAM, [quant / PROGRAM])
 
 
 def test_prepare_into_a_user_directory_leaves_it_alone(
@@ -183,7 +183,7 @@ def test_an_artifact_of_ours_is_replaced_whole(run: Path, tmp_path: Path) -> Non
 def test_a_file_the_manifest_does_not_list_is_never_read(
     run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """The reported case: program.pt2 present in a quantize artifact but not listed."""
+    """The reported case: a program present in a quantize artifact but not listed."""
     quant = _copy(run, "quantize", tmp_path / "q")
     m = load_manifest(quant)
     forged = dataclasses.replace(m, files=tuple(f for f in m.files if f.path != PROGRAM)).sealed()

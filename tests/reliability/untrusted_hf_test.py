@@ -18,7 +18,7 @@ import pytest
 
 from qnn_common.errors import ArtifactError, ConfigValidationError
 from qnn_common.stages import TOKENIZER_DIR
-from qnn_infer.causal_lm import load_tokenizer
+from qnn_infer.families.causal_lm import load_tokenizer
 from support.crafted_hf import edit_json, tiny_decoder_dir, with_custom_code
 from support.pipeline_runs import child_env
 
@@ -139,7 +139,7 @@ def _chat_artifact(tmp_path: Path, template: str) -> Path:
 
 def _chat_ids(artifact: Path, prompt: str = "Hi") -> list[int]:
     from qnn_common.llm import GenerationConfig, LlmSpec
-    from qnn_infer.causal_lm import prompt_ids
+    from qnn_infer.families.causal_lm import prompt_ids
 
     spec = LlmSpec(max_seq_len=64, prefill_len=8, vocab_size=256)
     return prompt_ids(load_tokenizer(artifact), GenerationConfig(prompt=prompt, chat=True), spec)

@@ -48,7 +48,8 @@ from qnn_common.errors import ArtifactError
 from qnn_common.hashing import sha256_file as sha256_file  # each file hashed once per process
 
 # 2: the manifest's own digest, key_basis, and no unlisted files in an artifact directory.
-SCHEMA_VERSION = 2
+# 3: the typed `program` section (kind, methods, LLM shapes), part of the identity.
+SCHEMA_VERSION = 3
 
 # Versions recorded in every manifest (distribution names, looked up without importing them).
 TRACKED_DISTRIBUTIONS = ("torch", "executorch", "torchao", "transformers", "numpy")
@@ -58,7 +59,7 @@ TRACKED_DISTRIBUTIONS = ("torch", "executorch", "torchao", "transformers", "nump
 # the same inputs give the same cache keys and directory names on every machine and rerun.
 _IDENTITY_FIELDS = tuple(
     "format schema_version stage package package_version config inputs files cache_key key_basis "
-    "tools".split()
+    "tools program".split()
 )
 
 
@@ -69,6 +70,30 @@ class FileEntry:
     path: str
     sha256: str
     size: int
+
+
+@dataclass(frozen=True)
+class ProgramRecord:
+    """The program an artifact holds or was made from: what the stages downstream drive.
+
+    `kind` is the model's kind as prepare loaded it ("vision", "text-encoder", "causal-lm",
+    "custom"); `methods` its entry points in order, each exported as ``methods/<name>.pt2`` in a
+    prepare or quantize artifact and a method of the compiled .pte; `llm` a generating causal
+    LM's shapes, tokens and cache layout (`qnn_common.llm_spec.LlmSpec.to_json`), None for any
+    other program.
+    """
+
+    kind: str
+    methods: tuple[str, ...]
+    llm: Mapping[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        if not self.methods or not all(isinstance(m, str) and m for m in self.methods):
+            raise TypeError(f"a program needs named methods, got {self.methods!r}")
+        if len(set(self.methods)) != len(self.methods):
+            raise TypeError(f"method names must be unique, got {self.methods!r}")
+        if self.llm is not None and not isinstance(self.llm, Mapping):
+            raise TypeError(f"the llm record must be a mapping, got {type(self.llm).__name__}")
 
 
 @dataclass(frozen=True)
@@ -85,6 +110,9 @@ class Manifest:
     cache_key: str
     timings: Mapping[str, float] = field(default_factory=dict)
     metrics: Mapping[str, Any] = field(default_factory=dict)
+    # What program the artifact holds (prepare, quantize) or runs (compile, infer); None for an
+    # artifact made from a bare file that records none.
+    program: ProgramRecord | None = None
     created_unix: float = 0.0
     # The cache key's ingredients other than config and inputs (see cache_key).
     key_basis: Mapping[str, Any] = field(default_factory=dict)
@@ -242,6 +270,7 @@ def write_manifest(
     timings: Mapping[str, float] | None = None,
     metrics: Mapping[str, Any] | None = None,
     extra_tools: Mapping[str, str] | None = None,
+    program: ProgramRecord | None = None,
 ) -> Manifest:
     """Hash `files` (relative to `artifact_dir`) and seal the artifact with `manifest.json`.
 
@@ -286,6 +315,7 @@ def write_manifest(
         cache_key=cache_key,
         timings=dict(timings or {}),
         metrics=to_jsonable(dict(metrics or {})),
+        program=program,
         created_unix=round(time.time(), 3),
         key_basis=_KEY_BASES.get(cache_key, {}),
     ).sealed()
@@ -406,7 +436,14 @@ def load_manifest(
         )
     try:
         files = tuple(FileEntry(**f) for f in raw.pop("files"))
-        manifest = Manifest(files=files, **raw)
+        record = raw.pop("program", None)
+        program = (
+            None if record is None
+            else ProgramRecord(
+                kind=record["kind"], methods=tuple(record["methods"]), llm=record.get("llm")
+            )
+        )
+        manifest = Manifest(files=files, program=program, **raw)
         if not all(isinstance(f.path, str) and isinstance(f.size, int) for f in files):
             raise TypeError("file entries need a string path and an integer size")
     except (TypeError, KeyError) as err:
@@ -488,6 +525,7 @@ def seal_stage(
     timings: Mapping[str, float],
     metrics: Mapping[str, Any],
     extra_tools: Mapping[str, str] | None = None,
+    program: ProgramRecord | None = None,
 ) -> Manifest:
     """`write_manifest` for a stage package: its version, and the cache key from its code."""
     return write_manifest(
@@ -502,4 +540,5 @@ def seal_stage(
         timings={k: round(v, 3) for k, v in timings.items()},
         metrics=metrics,
         extra_tools=extra_tools,
+        program=program,
     )

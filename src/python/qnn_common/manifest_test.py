@@ -23,6 +23,7 @@ from qnn_common.manifest import (
     SCHEMA_VERSION,
     FileEntry,
     Manifest,
+    ProgramRecord,
     atomic_path,
     atomic_save,
     atomic_write_bytes,
@@ -417,6 +418,41 @@ def test_manifest_digest_is_of_identity_not_timings(tmp_path: Path) -> None:
     (tmp_path / "other").write_bytes(b"x")
     _seal(tmp_path, {**FILES, "other": b"x"})
     assert manifest_digest(tmp_path) != digest
+
+
+def _seal_program(artifact_dir: Path, program: ProgramRecord | None) -> Manifest:
+    return write_manifest(
+        artifact_dir, stage="prepare", package="qnn-prepare", package_version="0.1.0",
+        config={"model": "m"}, inputs={}, files=list(FILES), cache_key="k" * 64,
+        program=program,
+    )
+
+
+def test_the_program_record_round_trips_and_is_part_of_the_identity(tmp_path: Path) -> None:
+    for name, data in FILES.items():
+        (tmp_path / name).write_bytes(data)
+    llm = {"max_seq_len": 64, "prefill_len": 8, "vocab_size": 256}
+    written = _seal_program(tmp_path, ProgramRecord("causal-lm", ("prefill", "decode"), llm))
+    loaded = load_manifest(tmp_path)
+    assert loaded == written and loaded.program is not None
+    assert loaded.program.methods == ("prefill", "decode") and loaded.program.llm == llm
+    digest = manifest_digest(tmp_path)
+    _seal_program(tmp_path, ProgramRecord("causal-lm", ("prefill",), llm))
+    assert manifest_digest(tmp_path) != digest  # what the program is, not a metric
+    _seal_program(tmp_path, None)
+    assert load_manifest(tmp_path).program is None
+
+
+@pytest.mark.parametrize(
+    "record", [{"kind": "vision"}, {"kind": "vision", "methods": []}, ["forward"],
+               {"kind": "vision", "methods": ["forward", "forward"]},
+               {"kind": "vision", "methods": ["forward"], "llm": [1]}],
+)
+def test_a_malformed_program_record_is_refused(tmp_path: Path, record: object) -> None:
+    _seal(tmp_path)
+    raw = json.loads((tmp_path / MANIFEST_NAME).read_text(encoding="utf-8"))
+    _write_resealed(tmp_path, {**raw, "program": record})
+    assert "manifest is malformed" in str(_load_error(tmp_path))
 
 
 def test_sha256_file(tmp_path: Path) -> None:

@@ -17,13 +17,19 @@ import torch
 from qnn_common.config import CompileConfig, InferConfig, PrepareConfig, QuantizeConfig
 from qnn_common.errors import ArtifactError, PipelineError
 from qnn_common.llm import LlmSpec
-from qnn_common.manifest import Manifest, atomic_copy
+from qnn_common.manifest import Manifest, ProgramRecord, atomic_copy
 from qnn_common.recipes import Recipe
 from qnn_common.target import Target
 from qnn_common.tensorio import load_samples
 
 # File names inside artifact directories.
-PROGRAM = "program.pt2"  # a torch.export ExportedProgram (fp32 or PT2E-quantized)
+# Every program artifact (prepare, quantize) holds one torch.export ExportedProgram (fp32 or
+# PT2E-quantized) per method, as METHODS_DIR/<method>.pt2; the manifest's `program` section names
+# the methods. For a causal LM, calibration / eval inputs hold token sequences and the
+# references their logits.
+METHODS_DIR = "methods"
+DEFAULT_METHOD = "forward"
+PROGRAM = f"{METHODS_DIR}/{DEFAULT_METHOD}.pt2"  # the program of a single-method model
 PTE = "model.pte"  # the ExecuTorch program
 CALIBRATION = "calibration.pt"  # list of input tuples used to calibrate observers
 EVAL_INPUTS = "eval_inputs.pt"  # held-out input tuples; the first is the example input
@@ -33,11 +39,7 @@ OUTPUTS = "outputs.pt"  # infer: the program's outputs on its inputs
 TOKENIZER_DIR = "tokenizer"
 ETRECORD = "etrecord.bin"
 ETDUMP = "etdump.etdp"
-# A program with several methods (a causal LM's prefill + decode) keeps one .pt2 per method here;
-# for it, calibration / eval inputs hold token sequences and the references their logits.
-METHODS_DIR = "methods"
 ROPE_TABLE = "rope_table.pt"  # a KV-as-inputs LLM's (cos, sin) per position, fed by the host
-DEFAULT_METHOD = "forward"
 
 
 # Files a stage hands on unchanged from its input artifact, so infer can judge and drive the
@@ -57,16 +59,23 @@ def carry_forward(source: Path, upstream: Manifest, out: Path) -> list[str]:
 
 
 def method_program(method: str) -> str:
-    """The file of one method's exported program in a multi-method artifact."""
+    """The file of one method's exported program in a prepare or quantize artifact."""
     return f"{METHODS_DIR}/{method}.pt2"
 
 
-def program_files(manifest: Manifest) -> dict[str, str]:
-    """Method name -> exported program file of a prepare or quantize artifact."""
-    methods = manifest.metrics.get("methods")
-    if not methods:
-        return {DEFAULT_METHOD: PROGRAM}
-    return {str(m): method_program(str(m)) for m in methods}
+def program_of(source: Path, manifest: Manifest) -> ProgramRecord:
+    """The program record of the artifact at `source`, or the error saying it has none."""
+    if manifest.program is None:
+        raise ArtifactError(
+            source, f"its {manifest.stage} manifest records no program; rerun the stage that "
+            "made it"
+        )
+    return manifest.program
+
+
+def program_files(source: Path, manifest: Manifest) -> dict[str, str]:
+    """Method name -> exported program file of a prepare or quantize artifact, in order."""
+    return {m: method_program(m) for m in program_of(source, manifest).methods}
 
 
 def rope_of(source: Path, manifest: Manifest) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -82,11 +91,11 @@ def rope_of(source: Path, manifest: Manifest) -> tuple[torch.Tensor, torch.Tenso
 
 def llm_spec_of(source: Path, manifest: Manifest) -> LlmSpec | None:
     """The causal-LM shapes an artifact was exported with, or None for other programs."""
-    data = manifest.metrics.get("llm")
-    if not isinstance(data, dict):
+    data = None if manifest.program is None else manifest.program.llm
+    if data is None:
         return None
     try:
-        return LlmSpec.from_json(data)
+        return LlmSpec.from_json(dict(data))
     except (KeyError, TypeError, ValueError) as err:
         raise ArtifactError(source, f"its manifest's llm record is invalid ({err})") from err
 

@@ -79,7 +79,7 @@ def test_prepare_input_needs_no_source(tmp_path: Path) -> None:
 def test_outputs_point_at_their_files(tmp_path: Path) -> None:
     m = _manifest()
     assert PrepareOutput(tmp_path, m).program == tmp_path / stages.PROGRAM
-    assert QuantizeOutput(tmp_path, m).program == tmp_path / "program.pt2"
+    assert QuantizeOutput(tmp_path, m).program == tmp_path / "methods" / "forward.pt2"
     assert CompileOutput(tmp_path, m).pte == tmp_path / stages.PTE == tmp_path / "model.pte"
 
 

@@ -10,14 +10,13 @@ import logging
 import time
 from pathlib import Path
 
-from torch.export import ExportedProgram
-
 import qnn_compile
 from qnn_common import own_programs
 from qnn_common.config import CompileConfig, Stage
 from qnn_common.errors import ConfigValidationError
 from qnn_common.manifest import (
     Manifest,
+    ProgramRecord,
     atomic_write_bytes,
     begin_artifact,
     cache_key,
@@ -31,12 +30,10 @@ from qnn_common.recipes import Backend
 from qnn_common.stages import (
     DEFAULT_METHOD,
     ETRECORD,
-    PROGRAM,
     PTE,
     CompileInput,
     CompileOutput,
     carry_forward,
-    llm_spec_of,
     program_files,
     quantized_for,
 )
@@ -48,12 +45,14 @@ PACKAGE = "qnn-compile"
 log = logging.getLogger(__name__)
 
 
-def _source(inp: CompileInput) -> tuple[Path, Manifest | None]:
-    """(program path, upstream manifest, its files verified; None for a bare .pt2)."""
+def _source(inp: CompileInput) -> tuple[dict[str, Path], Manifest | None]:
+    """(method -> program file, upstream manifest with its files verified; None for a bare
+    .pt2, the one method `forward`)."""
     if inp.source.is_dir():
         upstream = load_manifest(inp.source, expect_stage=(Stage.PREPARE, Stage.QUANTIZE))
-        return inp.source / PROGRAM, upstream
-    return inp.source, None
+        files = program_files(inp.source, upstream)
+        return {m: inp.source / f for m, f in files.items()}, upstream
+    return {DEFAULT_METHOD: inp.source}, None
 
 
 def _toolchain_digests(cfg: CompileConfig) -> dict[str, str]:
@@ -111,29 +110,24 @@ def _check_matches_upstream(source: Path, cfg: CompileConfig, upstream: Manifest
 def run_compile(inp: CompileInput) -> CompileOutput:
     """Lower to ExecuTorch for `inp.config`'s target and write model.pte (+ ETRecord)."""
     cfg = inp.config
-    program_path, upstream = _source(inp)
+    program_paths, upstream = _source(inp)
     _check_matches_upstream(inp.source, cfg, upstream)
     # The backend's lowering is built before any output is written: a missing SDK or an unknown
     # chipset is a clear error with nothing left behind.
     lowering = lowering_for(cfg)
     digests = _input_digests(inp)
-    method_files = program_files(upstream) if upstream is not None else None
-    program: ExportedProgram | dict[str, ExportedProgram]
-    if method_files is None or list(method_files) == [DEFAULT_METHOD]:
-        program = load_program(program_path)
-    else:
-        program = {m: load_program(inp.source / f) for m, f in method_files.items()}
-    if cfg.weight_sharing and not isinstance(program, dict):
+    programs = {m: load_program(path) for m, path in program_paths.items()}
+    if cfg.weight_sharing and len(programs) == 1:
         raise ConfigValidationError(
             "compile.weight_sharing", True,
             "weight sharing shares weights between a program's methods, and this program has "
-            "one (forward); drop --weight-sharing",
+            f"one ({next(iter(programs))}); drop --weight-sharing",
         )
     out = begin_artifact(inp.out_dir, inputs=[inp.source])
 
     t = time.perf_counter()
     etrecord = out / ETRECORD if cfg.etrecord else None
-    lowered = lower_program(program, lowering, etrecord_path=etrecord)
+    lowered = lower_program(programs, lowering, etrecord_path=etrecord)
     seconds = time.perf_counter() - t
     atomic_write_bytes(out / PTE, lowered.pte)
     own_programs.remember(lowered.pte)  # the infer stage may run it in-process, unrehearsed
@@ -157,23 +151,18 @@ def run_compile(inp: CompileInput) -> CompileOutput:
         files=files,
         timings={"lower_s": seconds},
         metrics={
-            "model": upstream.metrics.get("model") if upstream else program_path.name,
+            "model": upstream.metrics.get("model") if upstream else inp.source.name,
             "target": dict(lowering.record),
             "pte_bytes": len(lowered.pte),
             "delegated_ops": lowered.delegated_ops,
             "non_delegated_ops": lowered.non_delegated_ops,
             "partitions": lowered.partitions,
             "non_delegated_op_counts": lowered.op_counts,
-            **_llm_record(inp.source, upstream),
         },
         extra_tools=lowering.tools,
+        # What the .pte runs: the upstream record, or a bare .pt2's one method.
+        program=upstream.program if upstream is not None else ProgramRecord(
+            kind="custom", methods=tuple(programs)
+        ),
     )
     return CompileOutput(inp.out_dir, manifest)
-
-
-def _llm_record(source: Path, upstream: Manifest | None) -> dict[str, object]:
-    """The methods and LLM shapes, carried forward so that infer can drive the program."""
-    spec = llm_spec_of(source, upstream) if upstream is not None else None
-    if upstream is None or spec is None:
-        return {}
-    return {"kind": "causal-lm", "methods": list(program_files(upstream)), "llm": spec.to_json()}

@@ -9,16 +9,17 @@ import pytest
 from qnn_common.config import CompileConfig, Stage
 from qnn_common.errors import ArtifactError
 from qnn_common.hashing import clear_digest_memo, hashed_count
-from qnn_common.manifest import write_manifest
+from qnn_common.manifest import ProgramRecord, write_manifest
 from qnn_common.stages import PROGRAM, CompileInput
 from qnn_compile.api import compile_cache_key
 
 
 def _prepared(path: Path, content: bytes, stage: str = Stage.PREPARE) -> Path:
-    path.mkdir()
+    (path / PROGRAM).parent.mkdir(parents=True)
     (path / PROGRAM).write_bytes(content)
     write_manifest(path, stage=stage, package="qnn-prepare", package_version="0",
-                   config={"model": "x"}, inputs={}, files=[PROGRAM], cache_key="k")
+                   config={"model": "x"}, inputs={}, files=[PROGRAM], cache_key="k",
+                   program=ProgramRecord(kind="custom", methods=("forward",)))
     return path
 
 

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from qnn_common.errors import ArtifactError
-from qnn_common.noise import native_noise_filtered
 from qnn_common.llm_spec import LLM_CUSTOM_OPS_MODULE
+from qnn_common.noise import native_noise_filtered
 from qnn_common.recipes import BACKENDS, Backend
 
 log = logging.getLogger(__name__)

@@ -15,6 +15,7 @@ import qnn_prepare
 from qnn_common.config import PrepareConfig, Stage
 from qnn_common.manifest import (
     Manifest,
+    ProgramRecord,
     atomic_write_bytes,
     begin_artifact,
     cache_key,
@@ -24,9 +25,7 @@ from qnn_common.manifest import (
 )
 from qnn_common.stages import (
     CALIBRATION,
-    DEFAULT_METHOD,
     EVAL_INPUTS,
-    PROGRAM,
     REFERENCE_FP32,
     PrepareInput,
     PrepareOutput,
@@ -81,20 +80,18 @@ def prepare_cache_key(config: PrepareConfig) -> str:
 
 def run_prepare(inp: PrepareInput) -> PrepareOutput:
     """Export the model with the task that takes it (`qnn_prepare.models.task_for`) and seal
-    the artifact: one program per method (``program.pt2`` for a single-method model), the
-    calibration and eval inputs, the fp32 reference outputs, tokenizer files and the manifest."""
+    the artifact: one program per method (``methods/<name>.pt2``, named in the manifest's
+    `program` record), the calibration and eval inputs, the fp32 reference outputs, tokenizer
+    files and the manifest."""
     cfg = inp.config
     task = task_for(cfg)
     torch.manual_seed(cfg.seed)
     exported = task.export(cfg)
     out = begin_artifact(inp.out_dir, inputs=[cfg.calibration_file, Path(cfg.model)])
-    methods = list(exported.programs)
-    single = methods == [DEFAULT_METHOD]
     files = []
     for method, program in exported.programs.items():
-        name = PROGRAM if single else method_program(method)
-        save_program(out / name, program)
-        files.append(name)
+        save_program(out / method_program(method), program)
+        files.append(method_program(method))
     save_samples(out / CALIBRATION, list(exported.calibration))
     save_samples(out / EVAL_INPUTS, list(exported.eval_inputs))
     save_samples(out / REFERENCE_FP32, list(exported.reference))
@@ -106,10 +103,11 @@ def run_prepare(inp: PrepareInput) -> PrepareOutput:
         atomic_write_bytes(out / name, data)
         files.append(name)
     metrics = {"task": task.name, **exported.metrics}
-    if not single:
-        metrics["methods"] = methods
+    record = ProgramRecord(
+        kind=exported.kind, methods=tuple(exported.programs), llm=exported.metrics.get("llm")
+    )
     manifest = _seal(
-        out, cfg, source_digests(cfg), files, exported.timings, metrics=metrics
+        out, cfg, source_digests(cfg), files, exported.timings, metrics=metrics, program=record
     )
     return PrepareOutput(inp.out_dir, manifest)
 
@@ -122,9 +120,10 @@ def _seal(
     timings: Mapping[str, float],
     *,
     metrics: Mapping[str, Any],
+    program: ProgramRecord,
     extra_tools: Mapping[str, str] | None = None,
 ) -> Manifest:
     return seal_stage(
         out, stage=Stage.PREPARE, package=PACKAGE, module=qnn_prepare, config=cfg, inputs=inputs,
-        files=files, timings=timings, metrics=metrics, extra_tools=extra_tools,
+        files=files, timings=timings, metrics=metrics, extra_tools=extra_tools, program=program,
     )

@@ -24,7 +24,8 @@ ExecuTorch's LLM runner does. QNN keeps its cache as inputs and outputs (`kv_io`
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from collections.abc import Callable
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -32,6 +33,8 @@ from torch import nn
 from qnn_common.llm_spec import LLM_CUSTOM_OPS_MODULE
 
 NAME = "executorch_custom_sdpa"
+# torch._check carries no annotations in torch itself.
+_check = cast(Callable[[object], None], torch._check)
 
 
 def load_ops() -> None:
@@ -126,8 +129,8 @@ class CustomOpCacheLm(nn.Module):
             ]
         )
         start = cache_position[0].item()
-        torch._check(start >= 0)
-        torch._check(start + input_ids.shape[1] <= self.max_seq_len)
+        _check(start >= 0)  # export's bounds on the start: the ops index the cache with it
+        _check(start + input_ids.shape[1] <= self.max_seq_len)
         out: Any = self.hf(
             input_ids=input_ids, position_ids=cache_position[None], cache=cache, use_cache=True,
             **{START: start},

@@ -256,5 +256,6 @@ def test_the_manifest_names_the_task_and_lists_methods(tmp_path: Path) -> None:
         tmp_path / "lm",
     ))
     assert lm.manifest.metrics["task"] == "causal-lm"
-    assert lm.manifest.metrics["methods"] == ["prefill", "decode"]
+    assert lm.manifest.program is not None
+    assert lm.manifest.program.methods == ("prefill", "decode")
     assert all((tmp_path / "lm" / method_program(m)).is_file() for m in ("prefill", "decode"))

@@ -73,10 +73,10 @@ def export_program(model: LoadedModel) -> torch.export.ExportedProgram:
 class TaskExport:
     """Everything a task gives the prepare stage to write.
 
-    `programs` has one entry per method; a single-method task names its one method
-    `qnn_common.stages.DEFAULT_METHOD` and is written as ``program.pt2``, as before tasks had
-    several. Samples are per call of the model: flat tuples for the causal LM (token ids),
-    `ModelInputs` for single-method tasks.
+    `programs` has one entry per method, each written as ``methods/<name>.pt2``; a
+    single-method task names its one method `qnn_common.stages.DEFAULT_METHOD`. Samples are per
+    call of the model: flat tuples for the causal LM (token ids), `ModelInputs` for
+    single-method tasks.
     """
 
     name: str

@@ -4,24 +4,45 @@ The eval texts travel with the artifact (token sequences) together with the eage
 logits on them (fp32) and the fake-quantized program's: feeding each text through the .pte gives
 logits at every position, compared with `qnn_common.metrics.logits_accuracy` (SQNR, cosine and
 argmax agreement), and the perplexity of the texts under each of the three. Then the program
-generates from the prompt, timed.
+generates from the prompt, timed. `run` is infer for this family (`qnn_infer.families`).
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from qnn_common.chat_template import render_chat_prompt
-from qnn_common.errors import ArtifactError
+from qnn_common.config import InferConfig
+from qnn_common.errors import ArtifactError, ConfigValidationError
 from qnn_common.hf_untrusted import HF_LOAD, refuse_custom_code
-from qnn_common.llm import GenerationConfig, LlmSpec, teacher_forced_logits
+from qnn_common.llm import GenerationConfig, LlmSpec, feed, teacher_forced_logits
+from qnn_common.manifest import Manifest, begin_artifact
 from qnn_common.metrics import logits_accuracy, perplexity
 from qnn_common.noise import native_noise_filtered
-from qnn_common.stages import EVAL_INPUTS, REFERENCE_FAKE_QUANT, REFERENCE_FP32, TOKENIZER_DIR
+from qnn_common.stages import (
+    EVAL_INPUTS,
+    REFERENCE_FAKE_QUANT,
+    REFERENCE_FP32,
+    TOKENIZER_DIR,
+    InferInput,
+    InferOutput,
+    compiled_for,
+    llm_spec_of,
+    rope_of,
+)
 from qnn_common.tensorio import load_samples
+from qnn_infer.gate_check import check_accuracy_gates, judge_accuracy
 from qnn_infer.generate import Generation, PteLm, generate
+from qnn_infer.isolation import Rehearsal, Step, rehearse_unless_own
+from qnn_infer.program_check import check_program_matches
+from qnn_infer.pte import check_pte_header
+from qnn_infer.runtimes import prepare_runtime, set_cpu_threads
+from qnn_infer.sealing import seal
 
 log = logging.getLogger(__name__)
 
@@ -116,3 +137,75 @@ def generation_latency(generation: Generation) -> dict[str, float]:
     per_token = 1000 / generation.decode_tokens_per_s if generation.decode_tokens_per_s else 0.0
     return {"ttft": round(generation.ttft_ms, 3), "decode_per_token": round(per_token, 3)}
 
+
+def run(
+    inp: InferInput, upstream: Manifest | None, pte: Path, have: set[str]
+) -> InferOutput:
+    """Teacher-forced logits vs the references, then a timed generation."""
+    cfg: InferConfig = inp.config
+    spec = None if upstream is None else llm_spec_of(inp.source, upstream)
+    assert upstream is not None and spec is not None  # family_for picked this family for it
+    if cfg.device is not None or cfg.inputs_file is not None or cfg.etdump:
+        raise ConfigValidationError(
+            "infer", "causal-lm",
+            "a causal-LM program runs on the host from its eval texts and a prompt; "
+            "drop --device / --inputs / --etdump",
+        )
+    target, recipe = compiled_for(inp.source, upstream)
+    check_program_matches(inp.source, upstream)
+    if upstream.config.get("weight_sharing"):
+        raise ConfigValidationError(
+            "infer", str(inp.source),
+            "this program's methods share one copy of their weights (compiled with "
+            "--weight-sharing), which only a device loads: the x86 HTP emulator refuses it (QNN: "
+            "\"Shared weights buffer isn't supported on this platform\"); compile without "
+            "--weight-sharing to run the program here",
+        )
+    runtime = prepare_runtime({target.backend})
+    generation_cfg = cfg.generation or GenerationConfig()
+    threads = set_cpu_threads(cfg.threads)
+    rope = rope_of(inp.source, upstream)
+    check_pte_header(pte)
+    rehearse_unless_own(pte, _generating(pte, spec, rope))
+    out = begin_artifact(inp.out_dir, inputs=[inp.source])
+    lm = PteLm(pte, spec, rope)
+    t = time.perf_counter()
+    accuracy = teacher_forced_accuracy(lm, inp.source, spec, have)
+    check_s = time.perf_counter() - t
+    generation = run_generation(lm, inp.source, spec, generation_cfg)
+    verdict = judge_accuracy(accuracy, cfg.gates_for(recipe, causal_lm=True), recipe)
+    manifest = seal(
+        out, inp, [], {"run_s": check_s}, extra_tools=runtime.tools,
+        program=upstream.program,
+        metrics={
+            "model": upstream.metrics.get("model"),
+            "runner": "host",
+            "threads": threads,
+            "samples": len(load_samples(inp.source / EVAL_INPUTS)) if EVAL_INPUTS in have else 0,
+            "latency_ms": generation_latency(generation),
+            "accuracy": accuracy,
+            "accuracy_gates": verdict,
+            "generation": generation.to_json(),
+        },
+    )
+    check_accuracy_gates(inp.out_dir, manifest)
+    return InferOutput(inp.out_dir, manifest)
+
+
+# What the runtime does first with a program this process did not compile, rehearsed in a child
+# (qnn_infer.isolation): the same loads and the same inputs as the run that follows.
+
+
+def _generating(
+    pte: Path, spec: LlmSpec, rope: tuple[torch.Tensor, torch.Tensor] | None
+) -> Rehearsal:
+    """A causal LM: load both methods, then one prefill window and one decode step."""
+
+    def rehearsal(step: Step) -> None:
+        step("loading it")
+        lm = PteLm(pte, spec, rope)
+        step("running prefill and decode")
+        tokens = [spec.pad_token_id] * min(spec.prefill_len + 1, spec.max_seq_len)
+        feed(lm.prefill, lm.decode, tokens, 0, spec)
+
+    return rehearsal

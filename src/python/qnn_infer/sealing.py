@@ -1,0 +1,44 @@
+"""What every infer run records alike, whichever the program's family: the inputs its cache key
+and manifest cover, and the seal of its artifact."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import qnn_infer
+from qnn_common.config import Stage
+from qnn_common.manifest import Manifest, ProgramRecord, manifest_digest, seal_stage, sha256_file
+from qnn_common.stages import InferInput
+
+PACKAGE = "qnn-infer"
+
+
+def input_digests(inp: InferInput) -> dict[str, str]:
+    """The compile artifact's identity digest (or a bare .pte's sha256), and the inputs file's."""
+    if inp.source.is_dir():
+        digests = {"compile": manifest_digest(inp.source)}
+    else:
+        digests = {"pte": sha256_file(inp.source)}
+    if inp.config.inputs_file is not None:
+        digests["inputs_file"] = sha256_file(inp.config.inputs_file)
+    return digests
+
+
+def seal(
+    out: Path,
+    inp: InferInput,
+    files: Sequence[str],
+    timings: Mapping[str, float],
+    *,
+    metrics: Mapping[str, Any],
+    program: ProgramRecord | None,
+    extra_tools: Mapping[str, str] | None = None,
+) -> Manifest:
+    """Seal the infer artifact being written in `out`."""
+    return seal_stage(
+        out, stage=Stage.INFER, package=PACKAGE, module=qnn_infer, config=inp.config,
+        inputs=input_digests(inp), files=files, timings=timings, metrics=metrics,
+        extra_tools=extra_tools, program=program,
+    )
