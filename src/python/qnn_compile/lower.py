@@ -179,6 +179,15 @@ def _lower(
                     m: [q for make in recipe.edge_transform_passes for q in make(m, p)]
                     for m, p in programs.items()
                 }
+            # Decompositions and edge conversion of every method come first and log nothing of
+            # their own: minutes on a deep decoder, so say what is under way.
+            log.info(
+                "converting %s to the edge dialect (%s ops), then partitioning for %s",
+                ", ".join(programs),
+                " + ".join(str(sum(1 for n in p.graph.nodes if n.op == "call_function"))
+                           for p in programs.values()),
+                backend.value,
+            )
             edge = to_edge_transform_and_lower(
                 programs,
                 transform_passes=transform_passes,

@@ -2,7 +2,8 @@
 
 ExecuTorch prints nothing between partitioning a program and serializing it, which on a
 30-layer decoder is most of the compile stage: hundreds of delegate partitions, each through a
-backend's preprocess (XNNPACK: about fifteen graph passes and a flatbuffer). `logged_partitioner`
+backend's preprocess (XNNPACK: its graph passes and a flatbuffer). Before partitioning, `lower`
+logs the edge conversion's start, its longest silent step. `logged_partitioner`
 wraps a partitioner class so that each method's partitioning logs its node and partition counts
 and seconds; `logging_partitions` wraps a backend's `preprocess`, while a lowering runs, so that
 partitions log as they are compiled: every one at DEBUG, and at INFO the first, the last and
