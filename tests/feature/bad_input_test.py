@@ -6,6 +6,7 @@ Each case runs the real CLI in-process on real artifacts of the tiny CNN.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -73,9 +74,7 @@ def test_manifest_hash_mismatch_is_refused(
     artifacts: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     tampered = tmp_path / "prepare"
-    tampered.mkdir()
-    for f in artifacts["prepare"].iterdir():
-        (tampered / f.name).write_bytes(f.read_bytes())
+    shutil.copytree(artifacts["prepare"], tampered)
     data = bytearray((tampered / "calibration.pt").read_bytes())
     data[-10] ^= 0xFF  # same size, different content
     (tampered / "calibration.pt").write_bytes(bytes(data))
