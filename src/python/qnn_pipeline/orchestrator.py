@@ -9,7 +9,6 @@ only the stages downstream of it run again.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import logging
 import os
@@ -18,7 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Generic, Literal, Protocol, TypeVar
 
 from qnn_common import program_handoff
 from qnn_common.artifact_dir import cleans_up_artifacts
@@ -66,13 +65,36 @@ class PipelineResult:
     summary_path: Path
 
 
-@dataclass(frozen=True)
-class _StageSpec:
-    """How the orchestrator drives one stage: build its input, key it, run it."""
+StageIn = TypeVar("StageIn", PrepareInput, QuantizeInput, CompileInput, InferInput)
 
-    make_input: Callable[[PipelineContext, Path | None, Path], Any]
-    cache_key: Callable[[Any], str]
-    run: Callable[[Any], Any]
+
+class _Sealed(Protocol):
+    """What every stage's run returns: its sealed artifact's manifest (and more)."""
+
+    @property
+    def manifest(self) -> Manifest: ...
+
+
+@dataclass(frozen=True)
+class StageRunner(Generic[StageIn]):
+    """How the orchestrator drives one stage, typed by that stage's input: build the input from
+    the run's context, the upstream artifact (None at the start) and the output directory; key
+    it; run it. The key does not depend on the output directory (which is named after the key),
+    so it is computed on the input for `KEY_ONLY`."""
+
+    make_input: Callable[[PipelineContext, Path | None, Path], StageIn]
+    cache_key: Callable[[StageIn], str]
+    run: Callable[[StageIn], _Sealed]
+
+    def key(self, ctx: PipelineContext, source: Path | None) -> str:
+        return self.cache_key(self.make_input(ctx, source, KEY_ONLY))
+
+    def run_into(self, ctx: PipelineContext, source: Path | None, out_dir: Path) -> Manifest:
+        return self.run(self.make_input(ctx, source, out_dir)).manifest
+
+
+# The output directory of an input built only for its cache key: never written.
+KEY_ONLY = Path()
 
 
 def _need(source: Path | None, stage: Stage) -> Path:
@@ -89,27 +111,29 @@ def _quantize_config(ctx: PipelineContext) -> QuantizeConfig:
     return ctx.quantize
 
 
-_SPECS: dict[Stage, _StageSpec] = {
-    Stage.PREPARE: _StageSpec(
-        lambda ctx, src, out: PrepareInput(ctx.prepare, out),
-        lambda inp: prepare_cache_key(inp.config),
-        run_prepare,
-    ),
-    Stage.QUANTIZE: _StageSpec(
-        lambda ctx, src, out: QuantizeInput(_need(src, Stage.QUANTIZE), _quantize_config(ctx), out),
-        quantize_cache_key,
-        run_quantize,
-    ),
-    Stage.COMPILE: _StageSpec(
-        lambda ctx, src, out: CompileInput(_need(src, Stage.COMPILE), ctx.compile, out),
-        compile_cache_key,
-        run_compile,
-    ),
-    Stage.INFER: _StageSpec(
-        lambda ctx, src, out: InferInput(_need(src, Stage.INFER), ctx.infer, out),
-        infer_cache_key,
-        run_infer,
-    ),
+_PREPARE = StageRunner[PrepareInput](
+    lambda ctx, src, out: PrepareInput(ctx.prepare, out),
+    lambda inp: prepare_cache_key(inp.config),
+    run_prepare,
+)
+_QUANTIZE = StageRunner[QuantizeInput](
+    lambda ctx, src, out: QuantizeInput(_need(src, Stage.QUANTIZE), _quantize_config(ctx), out),
+    quantize_cache_key,
+    run_quantize,
+)
+_COMPILE = StageRunner[CompileInput](
+    lambda ctx, src, out: CompileInput(_need(src, Stage.COMPILE), ctx.compile, out),
+    compile_cache_key,
+    run_compile,
+)
+_INFER = StageRunner[InferInput](
+    lambda ctx, src, out: InferInput(_need(src, Stage.INFER), ctx.infer, out),
+    infer_cache_key,
+    run_infer,
+)
+_RUNNERS: dict[Stage, StageRunner[Any]] = {
+    Stage.PREPARE: _PREPARE, Stage.QUANTIZE: _QUANTIZE, Stage.COMPILE: _COMPILE,
+    Stage.INFER: _INFER,
 }
 
 
@@ -198,9 +222,8 @@ def run_pipeline(ctx: PipelineContext, *, from_artifact: Path | None = None) -> 
             records.append(StageRecord(stage, "skipped"))
             log.info("%s skipped", stage)
             continue
-        spec = _SPECS[stage]
-        inp = spec.make_input(ctx, source, Path())
-        key = spec.cache_key(inp)
+        runner = _RUNNERS[stage]
+        key = runner.key(ctx, source)
         out_dir = ctx.out_dir / f"{stage}-{key[:12]}"
         cached = None if ctx.force else _cached(out_dir, stage, key)
         gate_error: AccuracyGateError | None = None
@@ -219,7 +242,7 @@ def run_pipeline(ctx: PipelineContext, *, from_artifact: Path | None = None) -> 
             log.info("%s started", stage)
             t = time.perf_counter()
             try:
-                manifests[stage] = spec.run(dataclasses.replace(inp, out_dir=out_dir)).manifest
+                manifests[stage] = runner.run_into(ctx, source, out_dir)
             except AccuracyGateError as err:  # the stage ran and sealed its artifact
                 manifests[stage] = err.manifest
                 gate_error = err
