@@ -117,10 +117,17 @@ def test_a_pass_applies_where_its_ops_or_a_whole_pattern_are() -> None:
 
     applies = xnnpack_passes.PASS_APPLIES
     edge = exir_ops.edge.aten
-    for pattern in sdpa.get_graphs():
-        ops = frozenset(n.target for n in pattern.graph.nodes if n.op == "call_function")
+    op_sets = [
+        frozenset(n.target for n in pattern.graph.nodes if n.op == "call_function")
+        for pattern in sdpa.get_graphs()
+    ]
+    for ops in op_sets:  # a whole pattern, among other ops
         assert applies["ConvertToSDPAPass"](ops | {edge.relu.default})
-        assert not applies["ConvertToSDPAPass"](ops - {next(iter(ops))})  # one op short
+    shared = frozenset.intersection(*op_sets)
+    assert edge._softmax.default in shared
+    every = frozenset().union(*op_sets)
+    for op in shared:  # one op short of every pattern
+        assert not applies["ConvertToSDPAPass"](every - {op}), op
     assert applies["PReLUReshapePass"](frozenset({edge._prelu_kernel.default}))
     assert not applies["PReLUReshapePass"](frozenset({edge.prelu.default}))  # kept whole: no-op
     assert applies["DecomposeBatchNorm"](
