@@ -6,6 +6,7 @@ on the decoder and on a convolutional model that every one of those passes has w
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -82,9 +83,10 @@ def _every_pass() -> dict[str, torch.export.ExportedProgram]:
     ids=["decoder-8a8w", "conv-fp32"],
 )
 def test_skipping_idle_xnnpack_passes_gives_the_same_pte(
-    programs: object, recipe: Recipe, monkeypatch: pytest.MonkeyPatch
+    programs: Callable[[], dict[str, torch.export.ExportedProgram]], recipe: Recipe,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    exported = programs()  # type: ignore[operator]  # one of the two builders above
+    exported = programs()
     lowering = lowering_for(CompileConfig(backend=Backend.XNNPACK, recipe=recipe))
     ran: Counter[str] = Counter()
     applies = dict(xnnpack_passes.PASS_APPLIES)

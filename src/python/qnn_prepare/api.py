@@ -104,7 +104,7 @@ def run_prepare(inp: PrepareInput) -> PrepareOutput:
         files.append(name)
     metrics = {"task": task.name, **exported.metrics}
     record = ProgramRecord(
-        kind=exported.kind, methods=tuple(exported.programs), llm=exported.metrics.get("llm")
+        kind=exported.kind, methods=tuple(exported.programs), llm=exported.llm
     )
     manifest = _seal(
         out, cfg, source_digests(cfg), files, exported.timings, metrics=metrics, program=record

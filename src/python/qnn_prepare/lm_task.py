@@ -194,8 +194,6 @@ def _export_kv_cache(config: PrepareConfig) -> TaskExport:
         timings=timings,
         metrics={
             "model": lm.name,
-            "kind": "causal-lm",
-            "llm": spec.to_json(),
             "input_names": ["input_ids", "cache_position"],
             "output_names": ["logits"],
             "parameters": sum(p.numel() for p in lm.hf.parameters()),
@@ -209,4 +207,5 @@ def _export_kv_cache(config: PrepareConfig) -> TaskExport:
             "eval": {"source": lm.texts.eval_source, "tokens_per_sample": length},
         },
         tables={ROPE_TABLE: [rope]} if rope is not None else {},
+        llm=spec.to_json(),
     )

@@ -56,7 +56,6 @@ def export_single(model: LoadedModel, config: PrepareConfig, load_s: float) -> T
     example = model.example
     metrics = {
         "model": model.name,
-        "kind": model.kind,
         "input_names": list(model.input_names),
         "output_names": list(model.output_names),
         "input_shapes": [

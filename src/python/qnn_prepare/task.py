@@ -89,6 +89,8 @@ class TaskExport:
     files: Mapping[str, bytes]
     timings: Mapping[str, float]
     metrics: Mapping[str, Any]
+    # A generating causal LM's shapes (`LlmSpec.to_json`), for the manifest's program record.
+    llm: Mapping[str, Any] | None = None
     # Artifact-relative path -> tensors saved with `save_samples` (a KV-as-inputs LLM's rotary
     # table).
     tables: Mapping[str, Sequence[Any]] = field(default_factory=dict)
