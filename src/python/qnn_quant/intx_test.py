@@ -16,6 +16,7 @@ from qnn_common.metrics import sqnr_db
 from qnn_common.recipes import Backend, GroupMapping, Recipe
 from qnn_common.target import Target
 from qnn_quant.intx import quantize_program_8da4w, split_asymmetric
+from qnn_quant.report import accuracy_report
 
 GROUP = 32
 
@@ -162,3 +163,18 @@ def test_linears_that_read_one_input_share_its_group_sums() -> None:
             linear.weight.copy_(values.reshape(32, 64))
         assert sqnr_db(grid(x), program.module()(x)) >= 30
     assert result.offset_parameters == 3 * 32 * 64 // GROUP
+
+
+def test_the_layer_report_reads_a_split_linear_after_its_offset_path() -> None:
+    # The GEMM alone computes the symmetric part of the weight only: compared with the float
+    # layer it read about 0 dB, and the report named the model's best-kept layers its worst.
+    torch.manual_seed(0)
+    model = _Decoderish().eval()
+    samples = [(torch.randn(2, 7, 64),) for _ in range(2)]
+    fp32 = torch.export.export(model, samples[0])
+    program, _ = quantize_program_8da4w(
+        fp32, target=Target(Backend.XNNPACK), mapping=GroupMapping.ASYMMETRIC
+    )
+    layers = {w["layer"]: w for w in accuracy_report(fp32, program, samples)["worst_layers"]}
+    assert layers["up"]["op"] == "linear"
+    assert float(layers["up"]["sqnr_db"]) >= 30, layers["up"]

@@ -183,6 +183,26 @@ def _after_output_qdq(node: torch.fx.Node) -> torch.fx.Node:
     return node
 
 
+def _after_group_offset(node: torch.fx.Node) -> torch.fx.Node:
+    """For an 8da4w linear whose asymmetric groups were split (`qnn_quant.intx`), the add of
+    its offset path, `add(node, linear(linear(x, group_sums), offsets))`, whose value is the
+    layer's; else the node itself. The GEMM alone is only the symmetric part of the weight."""
+    if len(node.users) != 1:
+        return node
+    (add,) = node.users
+    if _opname(add) != "add" or len(add.args) != 2:
+        return node
+    other = add.args[1] if add.args[0] is node else add.args[0]
+    if (
+        isinstance(other, torch.fx.Node)
+        and _opname(other) == "linear"
+        and isinstance(other.args[0], torch.fx.Node)
+        and _opname(other.args[0]) == "linear"
+    ):
+        return add
+    return node
+
+
 class _Layer(NamedTuple):
     read: str  # node of the quantized graph whose value is compared
     path: str | None  # nn.Module path
@@ -219,7 +239,10 @@ def _match_layers(ref_gm: torch.fx.GraphModule, q_gm: torch.fx.GraphModule) -> d
             continue
         path, op = key
         for ref_node, q_node in zip(ref_nodes, q_nodes, strict=True):
-            layers[ref_node.name] = _Layer(_after_output_qdq(q_node).name, path or None, op)
+            read = _after_output_qdq(q_node)
+            if op == "linear":
+                read = _after_group_offset(read)
+            layers[ref_node.name] = _Layer(read.name, path or None, op)
     return layers
 
 
