@@ -15,7 +15,7 @@ noisy, so only ratios measured side by side are reported):
   (`stage_process.run_stage`).
 
 What the pipeline does on top of the plain calls, and the plain script does not: save each
-stage's program (a chained run hands it to the next stage in memory, qnn_common.program_handoff),
+stage's program (a chained run hands it to the next stage in memory: tensorio.SavedProgram),
 the fake-quant reference, the accuracy report (its per-layer part is in the "report s" column),
 hashing and manifests. The "overhead s" column is that work in seconds, lowering left out of
 both sides: (pipeline - its lowering) - (plain - its lowering). Prints one Markdown table;
@@ -143,7 +143,7 @@ def bench(model_name: str, recipe: Recipe, args: argparse.Namespace) -> dict[str
             for which in ("ours", "plain") if i % 2 == 0 else ("plain", "ours"):
                 t0 = time.perf_counter()
                 if which == "ours":
-                    result = run_pipeline(ctx)
+                    result = run_pipeline(ctx).checked()
                     ours_s.append(time.perf_counter() - t0)
                     lower_s = _timing(result, Stage.COMPILE, "lower_s") or 0.0
                     ours_rest.append(ours_s[-1] - lower_s)

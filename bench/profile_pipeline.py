@@ -32,8 +32,7 @@ OVERHEAD = (
     ("qnn_common/manifest.py", "write_manifest"),
     ("qnn_common/manifest.py", "manifest_digest"),
     ("qnn_common/tensorio.py", "load_program"),
-    ("qnn_common/program_handoff.py", "offer"),
-    ("qnn_common/program_handoff.py", "take"),
+    ("qnn_common/tensorio.py", "handed_on"),
     ("qnn_common/tensorio.py", "save_program"),
     ("qnn_common/tensorio.py", "save_samples"),
     ("qnn_common/tensorio.py", "load_samples"),
@@ -84,7 +83,7 @@ def main() -> None:
         profiler = cProfile.Profile()
         t = time.perf_counter()
         profiler.enable()
-        result = run_pipeline(ctx)
+        result = run_pipeline(ctx).checked()
         profiler.disable()
         total = time.perf_counter() - t
     profiler.dump_stats(str(args.out))

@@ -35,7 +35,7 @@ def cell(out: Path, model: str, backend: Backend, recipe: Recipe, soc: str | Non
         # A bench reports numbers; the gates belong to the tests and to users' runs.
         infer={"runs": runs, "warmup": 1, "accuracy_gates": False},
     )
-    result = run_pipeline(ctx)
+    result = run_pipeline(ctx).checked()
     seconds = {r.stage.value: r.seconds for r in result.records}
     s = result.summary
     return {

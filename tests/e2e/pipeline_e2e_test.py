@@ -74,7 +74,7 @@ def test_tiny_cnn_fp32_path_is_exact(tmp_path: Path) -> None:
     ctx = PipelineContext.create("tiny-cnn", skip=frozenset({Stage.QUANTIZE}), out_dir=tmp_path,
                                  infer={"runs": 5})
     assert ctx.recipe is Recipe.FP32
-    result = run_pipeline(ctx)
+    result = run_pipeline(ctx).checked()
     statuses = stage_statuses(result.summary)
     assert statuses["quantize"] == "skipped" and statuses["infer"] == "ran"
     assert float(result.summary["accuracy"]["sqnr_db_vs_fp32"]) >= 60
@@ -82,12 +82,12 @@ def test_tiny_cnn_fp32_path_is_exact(tmp_path: Path) -> None:
 
 def test_tiny_cnn_8a8w_then_cached_and_force(tmp_path: Path) -> None:
     ctx = PipelineContext.create("tiny-cnn", out_dir=tmp_path, infer={"runs": 5})
-    first = run_pipeline(ctx)
+    first = run_pipeline(ctx).checked()
     acc = first.summary["accuracy"]
     # The .pte computes what fake-quant computes; both are close to fp32.
     assert float(acc["sqnr_db_vs_fake_quant"]) >= 30
     assert float(acc["sqnr_db_vs_fp32"]) >= 25
-    assert all(r.status == "cached" for r in run_pipeline(ctx).records)
+    assert all(r.status == "cached" for r in run_pipeline(ctx).checked().records)
     forced = run_pipeline(PipelineContext.create("tiny-cnn", out_dir=tmp_path, force=True,
                                                  infer={"runs": 5}))
     assert all(r.status == "ran" for r in forced.records)
@@ -98,7 +98,7 @@ def test_tiny_llama_causal_lm_path(tmp_path: Path) -> None:
     ctx = PipelineContext.create("tiny-llama", out_dir=tmp_path,
                                  prepare={"seq_len": 16, "calibration_samples": 4},
                                  infer={"runs": 3})
-    summary = run_pipeline(ctx).summary
+    summary = run_pipeline(ctx).checked().summary
     assert stage_statuses(summary) == {s.value: "ran" for s in Stage}
     assert float(summary["accuracy"]["sqnr_db_vs_fp32"]) >= 20
     assert float(summary["accuracy"]["sqnr_db_vs_fake_quant"]) >= 20

@@ -42,7 +42,7 @@ def _run(out: Path, backend: str, soc: str | None, recipe: str) -> dict[str, Any
         prepare={"calibration_samples": 8, "eval_samples": 3},
         infer={"warmup": 1, "runs": 2},
     )
-    return run_pipeline(ctx).summary
+    return run_pipeline(ctx).checked().summary
 
 
 def _stage_dir(out: Path, stage: str) -> Path:

@@ -155,7 +155,7 @@ def test_the_summary_counts_quantized_ops_by_kind(tmp_path: Path) -> None:
         quantize={"report_layers": 0},
         infer={"warmup": 1, "runs": 2},
     )
-    summary = run_pipeline(ctx).summary
+    summary = run_pipeline(ctx).checked().summary
     kinds = summary["quantized_op_kinds"]
     assert summary["quantized_ops"] == sum(kinds.values()) > 0, summary
     assert kinds["linear"] == 4 * gpt2_model.LAYERS, kinds

@@ -37,7 +37,7 @@ def _run(name: str, out: Path, *, quantize: bool) -> dict[str, Any]:
         prepare={"calibration_samples": _CALIBRATION, "eval_samples": 3},
         infer={"warmup": 1, "runs": 2},
     )
-    return run_pipeline(ctx).summary
+    return run_pipeline(ctx).checked().summary
 
 
 def _stage_dir(out: Path, stage: str) -> Path:

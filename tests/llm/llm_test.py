@@ -40,7 +40,7 @@ def _pipeline(out: Path, recipe: str, **generation: Any) -> dict[str, Any]:
                  "seed": SEED},
         infer={"generation": {"prompt": PROMPT, "max_new_tokens": 12, **generation}},
     )
-    return run_pipeline(ctx).summary
+    return run_pipeline(ctx).checked().summary
 
 
 def _artifact(summary: dict[str, Any], stage: Stage) -> Path:
@@ -167,7 +167,7 @@ def test_a_prompt_longer_than_the_context_fails_before_any_work(tmp_path: Path) 
         infer={"generation": {"prompt": "x" * 60}},
     )
     with pytest.raises(ConfigValidationError, match="context of 48 tokens"):
-        run_pipeline(ctx)
+        run_pipeline(ctx).checked()
     assert not any(tmp_path.iterdir())
 
 

@@ -71,7 +71,7 @@ def xnnpack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dict[str
             prepare={"kv_cache": True, "calibration_samples": 4, "eval_samples": 2, **SHAPES},
             infer={"generation": {"prompt": PROMPT, "max_new_tokens": 12}},
         )
-        yield run_pipeline(ctx).summary, handler.lines
+        yield run_pipeline(ctx).checked().summary, handler.lines
     finally:
         logger.removeHandler(handler)
         logger.setLevel(level)
@@ -174,7 +174,7 @@ def test_portable_8da4w_computes_what_fake_quant_computes(tmp_path: Path) -> Non
         prepare={"seq_len": 16, "calibration_samples": 2, "eval_samples": 2},
         infer={"runs": 2, "warmup": 1},
     )
-    summary = run_pipeline(ctx).summary
+    summary = run_pipeline(ctx).checked().summary
     accuracy = summary["accuracy"]
     # Measured 59.7 dB with a KV cache (the logits differ from fake quant by float rounding).
     assert float(accuracy["sqnr_db_vs_fake_quant"]) >= 50

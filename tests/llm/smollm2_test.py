@@ -111,7 +111,7 @@ def test_slice_through_xnnpack_8da4w(sliced: Path, tmp_path: Path) -> None:
                  "max_seq_len": 64, "prefill_len": 16},
         infer={"generation": {"prompt": QUESTION, "chat": True, "max_new_tokens": 4}},
     )
-    summary = run_pipeline(ctx).summary
+    summary = run_pipeline(ctx).checked().summary
     (compiled,) = (Path(s["artifact"]) for s in summary["stages"] if s["name"] == "compile")
     census = node_census((compiled / "model.pte").read_bytes())
     assert {m: (c[DYNAMIC_INT8_X_BLOCKWISE_INT4], c[DYNAMIC_INT8_X_CHANNEL_INT8])

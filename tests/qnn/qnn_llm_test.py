@@ -47,7 +47,7 @@ def _run(
         prepare={"kv_cache": True, "calibration_samples": 4, "eval_samples": 8, **SHAPES},
         infer={"generation": {"prompt": "Once upon a time", "max_new_tokens": 8}},
     )
-    return run_pipeline(ctx).summary
+    return run_pipeline(ctx).checked().summary
 
 
 @pytest.fixture(scope="module")
@@ -158,7 +158,7 @@ def test_smollm2_slice_16a8w_generates_on_the_htp_what_the_fake_quant_model_does
         prepare={"kv_cache": True, "calibration_samples": 2, "eval_samples": 1, **SHAPES},
         infer={"generation": {"prompt": QUESTION, "chat": True, "max_new_tokens": SMOL_TOKENS}},
     )
-    summary = run_pipeline(ctx).summary
+    summary = run_pipeline(ctx).checked().summary
     artifacts = {s["name"]: Path(s["artifact"]) for s in summary["stages"]}
     infer = load_manifest(artifacts["infer"], expect_stage=Stage.INFER)
     program = tuple(infer.metrics["generation"]["token_ids"])

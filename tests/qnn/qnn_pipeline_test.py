@@ -31,7 +31,7 @@ def _run(out: Path, model: str, soc: str, recipe: Recipe, **prepare: Any) -> dic
         prepare={"calibration_samples": 4, "eval_samples": 2, **prepare},
         infer={"runs": 3, "warmup": 1},
     )
-    return run_pipeline(ctx).summary
+    return run_pipeline(ctx).checked().summary
 
 
 def _manifest(summary: dict[str, Any], stage: Stage) -> Any:
@@ -153,7 +153,7 @@ def test_missing_sdk_is_refused_before_any_work(
     ctx = PipelineContext.create("tiny-cnn", backend=Backend.QNN, recipe=Recipe.FP16,
                                  soc="SM8650", out_dir=tmp_path / "out")
     with pytest.raises(BackendNotAvailableError, match="libQnnHtp.so") as info:
-        run_pipeline(ctx)
+        run_pipeline(ctx).checked()
     assert "QNN_SDK_ROOT" in str(info.value)
     assert not (tmp_path / "out").exists()  # not even prepare ran
 

@@ -248,7 +248,7 @@ def test_same_inputs_give_the_same_bytes(run: Path, tmp_path: Path) -> None:
 
 
 def test_compiling_alone_gives_the_chained_runs_bytes(run: Path, tmp_path: Path) -> None:
-    """The chained run handed the quantized program to compile in memory (program_handoff);
+    """The chained run handed the quantized program to compile in memory (tensorio.SavedProgram);
     compiling its sealed file alone, a fresh load, gives the same .pte. (Quantize alone: the
     test above.)"""
     quant, comp = _stage_dir(run, "quantize"), _stage_dir(run, "compile")

@@ -8,7 +8,8 @@ can judge a .pte against fp32 and fake-quant references without reaching back up
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ from qnn_common.llm import LlmSpec
 from qnn_common.manifest import Manifest, ProgramRecord, atomic_copy
 from qnn_common.recipes import Recipe
 from qnn_common.target import Target
-from qnn_common.tensorio import load_samples
+from qnn_common.tensorio import SavedProgram, load_samples
 
 # File names inside artifact directories.
 # Every program artifact (prepare, quantize) holds one torch.export ExportedProgram (fp32 or
@@ -111,10 +112,22 @@ class PrepareInput:
     out_dir: Path
 
 
+# Programs by method name, as a stage saved them in this process (`tensorio.SavedProgram`): a
+# stage's output lists those the next stage may take in memory, and that stage's input receives
+# them; the next stage's `load_program` of the file then skips the rebuild. Empty when the source
+# was made elsewhere, or cached.
+Programs = Mapping[str, SavedProgram]
+
+
+def _no_programs() -> Programs:
+    return {}
+
+
 @dataclass(frozen=True)
 class PrepareOutput:
     artifact_dir: Path
     manifest: Manifest
+    programs: Programs = field(default_factory=_no_programs, repr=False)
 
     @property
     def program(self) -> Path:
@@ -126,6 +139,8 @@ class QuantizeInput:
     source: Path  # a prepare artifact directory
     config: QuantizeConfig
     out_dir: Path
+    # The source's programs, when its stage ran in this process.
+    programs: Programs = field(default_factory=_no_programs, repr=False)
 
     def __post_init__(self) -> None:
         _require(self.source, "the prepared artifact to quantize")
@@ -135,6 +150,7 @@ class QuantizeInput:
 class QuantizeOutput:
     artifact_dir: Path
     manifest: Manifest
+    programs: Programs = field(default_factory=_no_programs, repr=False)
 
     @property
     def program(self) -> Path:
@@ -150,6 +166,8 @@ class CompileInput:
     source: Path  # a prepare / quantize artifact directory, or any .pt2 file
     config: CompileConfig
     out_dir: Path
+    # The source's programs, when its stage ran in this process.
+    programs: Programs = field(default_factory=_no_programs, repr=False)
 
     def __post_init__(self) -> None:
         _require(self.source, "the program to compile")

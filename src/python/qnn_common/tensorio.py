@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import hashlib
 import importlib
 import io
 from collections.abc import Mapping, Sequence
@@ -21,9 +22,10 @@ from typing import Any
 
 import torch
 
-from qnn_common import program_handoff, serde_speed
+from qnn_common import serde_speed
 from qnn_common.atomic import atomic_write_bytes
 from qnn_common.errors import ArtifactError
+from qnn_common.hashing import sha256_file
 from qnn_common.llm_spec import LLM_CUSTOM_OPS_MODULE
 from qnn_common.pt2_archive import MODEL, check_pt2_archive
 
@@ -326,19 +328,59 @@ _OP_LIBRARIES = (
 )
 
 
-def save_program(path: Path, program: torch.export.ExportedProgram) -> None:
+@dataclass(frozen=True, eq=False)
+class SavedProgram:
+    """A program as `save_program` wrote it: the object, and the sha256 of the bytes written.
+
+    A stage returns the programs it saved (`PrepareOutput.programs`, `QuantizeOutput.programs`)
+    and a chained run hands them to the next stage's input: `load_program(path, saved)` then
+    returns the object, while the file still holds those bytes, instead of rebuilding it (for
+    MiniLM 8a8w, torch.export.load of its two programs was 0.8-1.2 s of a ~27 s run). The file is
+    the contract all the same: it is written, sealed and verified, and a stage run alone reads it.
+    The stage given the object owns it and may change it (lowering does).
+    """
+
+    program: torch.export.ExportedProgram
+    sha256: str
+
+
+def save_program(path: Path, program: torch.export.ExportedProgram) -> SavedProgram:
     """Save an ExportedProgram (.pt2) atomically; the same program gives the same bytes.
 
     Gives the nodes renumbered copies of their provenance metadata (see _stable_provenance).
-    In a chained run (`program_handoff.handing_over`) the program is then kept for the next
-    stage's `load_program` of this file: the caller must not change it after saving.
+    The caller must not change the program after saving if it hands the result on.
     """
     _stable_provenance(program)
     buffer = io.BytesIO()
     torch.export.save(program, buffer)
     data = buffer.getvalue()
     atomic_write_bytes(path, data)
-    program_handoff.offer(path, program, data)
+    return SavedProgram(program, hashlib.sha256(data).hexdigest())
+
+
+def handed_on(saved: Mapping[str, SavedProgram]) -> dict[str, SavedProgram]:
+    """The programs of `saved` a next stage may take in memory: those sharing no tensor with
+    another one.
+
+    Programs saved from one model share its tensors: a causal LM's prefill and decode methods
+    hold the same weights and KV-cache buffers, which calibrating one of them mutates. Loaded
+    from their files they are independent, so such programs are loaded from disk (measured:
+    otherwise the quantized decode program's saved KV cache differed from a standalone run's).
+    """
+    storages = {name: _storages(s.program) for name, s in saved.items()}
+    return {
+        name: s for name, s in saved.items()
+        if not any(storages[name] & other for o, other in storages.items() if o != name)
+    }
+
+
+def _storages(program: torch.export.ExportedProgram) -> frozenset[int]:
+    """Where the program's weights, buffers and constants live in memory."""
+    tensors = [*program.state_dict.values(), *program.constants.values()]
+    return frozenset(
+        t.untyped_storage().data_ptr() for t in tensors
+        if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() != 0
+    )
 
 
 def _stable_provenance(program: torch.export.ExportedProgram) -> None:
@@ -384,17 +426,20 @@ def _stable_provenance(program: torch.export.ExportedProgram) -> None:
                     ]
 
 
-def load_program(path: Path) -> torch.export.ExportedProgram:
+def load_program(
+    path: Path, saved: SavedProgram | None = None
+) -> torch.export.ExportedProgram:
     """Load a .pt2 written by torch.export.save, refusing anything else with a clear reason.
 
     Refused before torch sees it: any archive that would make torch.export.load unpickle more
     than plain tensors (see qnn_common.pt2_archive), since unpickling can run arbitrary code.
+    `saved`: the program as its stage saved it in this process (`SavedProgram`), returned as is
+    if the file still holds exactly those bytes.
     """
     if not path.is_file():
         raise ArtifactError(path, "does not exist")
-    handed = program_handoff.take(path)  # saved earlier in this chained run, file unchanged
-    if handed is not None:
-        return handed
+    if saved is not None and sha256_file(path) == saved.sha256:
+        return saved.program
     with path.open("rb") as file:
         checked = check_pt2_archive(path, file)
     # A PT2E-quantized program holds quantized_decomposed / torchao ops, a causal LM exported

@@ -116,7 +116,7 @@ def run_compile(inp: CompileInput) -> CompileOutput:
     # chipset is a clear error with nothing left behind.
     lowering = lowering_for(cfg)
     digests = _input_digests(inp)
-    programs = {m: load_program(path) for m, path in program_paths.items()}
+    programs = {m: load_program(path, inp.programs.get(m)) for m, path in program_paths.items()}
     if cfg.weight_sharing and len(programs) == 1:
         raise ConfigValidationError(
             "compile.weight_sharing", True,

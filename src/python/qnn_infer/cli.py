@@ -25,7 +25,7 @@ from qnn_common.llm import GenerationConfig, check_seed
 from qnn_common.recipes import Recipe
 from qnn_common.stages import InferInput
 from qnn_infer.deadline import set_run_timeout
-from qnn_infer.gate_check import GATES, LABELS
+from qnn_infer.gate_check import GATES, LABELS, gate_failure
 
 
 def _default_gates_text() -> str:
@@ -193,6 +193,9 @@ def _main(argv: Sequence[str] | None) -> int:
     if "generation" in result.manifest.metrics:
         report["generation"] = result.manifest.metrics["generation"]
     print(json.dumps(report, indent=2))
+    failure = gate_failure(result.artifact_dir, result.manifest)
+    if failure is not None:
+        raise failure  # exit 2, the numbers and how to relax the gate (run_cli)
     return 0
 
 

@@ -1,4 +1,4 @@
-"""Judging a run against its accuracy gates, and the error a run below them raises."""
+"""Judging a run against its accuracy gates, and the error a CLI ends a run below them with."""
 
 from __future__ import annotations
 
@@ -118,16 +118,20 @@ def judge_accuracy(
     }
 
 
-def check_accuracy_gates(artifact_dir: Path, manifest: Manifest) -> None:
-    """Raise AccuracyGateError if the infer artifact's recorded verdict is a failure.
+def gate_failure(artifact_dir: Path, manifest: Manifest) -> AccuracyGateError | None:
+    """The error a run below its gates ends with, from the infer artifact's recorded verdict;
+    None if it passed or nothing was judged.
 
-    Run on every infer result, fresh or cached: a cached artifact that failed its gates (same
-    program, inputs and gates) fails again rather than passing on the second run.
+    Infer seals its artifact and returns whatever the verdict (the outputs are the evidence);
+    the CLIs turn a failure into exit code 2. Read for every infer result, fresh or cached: a
+    cached artifact that failed its gates (same program, inputs and gates) fails again rather
+    than passing on the second run.
     """
     verdict = manifest.metrics.get("accuracy_gates") or {}
-    if verdict.get("ok") is False:
-        failures = [
-            {**f, "value": float(f["value"]), "gate": float(f["gate"])}  # "inf" strings in JSON
-            for f in verdict.get("failures", [])
-        ]
-        raise AccuracyGateError(artifact_dir, manifest, failures, verdict.get("recipe"))
+    if verdict.get("ok") is not False:
+        return None
+    failures = [
+        {**f, "value": float(f["value"]), "gate": float(f["gate"])}  # "inf" strings in JSON
+        for f in verdict.get("failures", [])
+    ]
+    return AccuracyGateError(artifact_dir, manifest, failures, verdict.get("recipe"))

@@ -38,6 +38,7 @@ from qnn_infer.cli import (
     generation_values,
 )
 from qnn_infer.deadline import set_run_timeout
+from qnn_pipeline.summary import format_summary
 
 EPILOG = """examples:
   qnn-pipeline --model minilm                      # XNNPACK 8a8w, the default
@@ -181,11 +182,13 @@ def _main(argv: Sequence[str] | None) -> int:
         check_utf8_path(Path(args.model), "--model")  # it may name a directory
     ctx = context_from_args(args)
     check_output_writable(ctx.out_dir, "--out" if args.out is not None else "pipeline.out")
-    from qnn_pipeline.orchestrator import format_summary, run_pipeline  # imports torch
+    from qnn_pipeline.orchestrator import run_pipeline  # imports torch
 
     result = run_pipeline(ctx, from_artifact=args.from_artifact)
     print(format_summary(result.summary))
     print(f"summary: {result.summary_path}")
+    if result.gate_failure is not None:
+        raise result.gate_failure  # exit 2, the numbers and how to relax the gate (run_cli)
     return 0
 
 

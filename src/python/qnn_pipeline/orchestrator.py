@@ -8,35 +8,40 @@ only the stages downstream of it run again.
 
 from __future__ import annotations
 
-import contextlib
-import json
 import logging
-import os
 import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Generic, Literal, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
-from qnn_common import program_handoff
 from qnn_common.artifact_dir import cleans_up_artifacts
 from qnn_common.artifact_lock import acquire_artifact_lock, release_artifact_lock
 from qnn_common.config import PipelineContext, QuantizeConfig, Stage
 from qnn_common.errors import ArtifactError, ConfigValidationError, PipelineError, StageError
-from qnn_common.manifest import MANIFEST_NAME, Manifest, atomic_write_text, load_manifest
+from qnn_common.manifest import MANIFEST_NAME, Manifest, load_manifest
 from qnn_common.qnn_sdk import check_compatible, find_qnn_sdk
 from qnn_common.recipes import Backend
 from qnn_common.stages import (
     CompileInput,
     InferInput,
     PrepareInput,
+    PrepareOutput,
+    Programs,
     QuantizeInput,
+    QuantizeOutput,
 )
 from qnn_compile.api import compile_cache_key, run_compile
 from qnn_infer.api import infer_cache_key, run_infer
-from qnn_infer.gate_check import AccuracyGateError, check_accuracy_gates
+from qnn_infer.gate_check import AccuracyGateError, gate_failure
 from qnn_infer.program_check import check_program_matches
+from qnn_pipeline.summary import (
+    SUMMARY_NAME,
+    StageRecord,
+    remove_previous_summary,
+    write_summary,
+)
 from qnn_prepare.api import prepare_cache_key, run_prepare
 from qnn_prepare.causal_lm import check_prompt_fits
 from qnn_prepare.models import task_for
@@ -44,25 +49,39 @@ from qnn_quant.api import quantize_cache_key, run_quantize
 
 log = logging.getLogger(__name__)
 
-Status = Literal["ran", "cached", "skipped"]
-SUMMARY_NAME = "summary.json"
-
-
-@dataclass(frozen=True)
-class StageRecord:
-    """What happened to one stage in one run."""
-
-    stage: Stage
-    status: Status
-    seconds: float = 0.0
-    artifact: Path | None = None
-
 
 @dataclass(frozen=True)
 class PipelineResult:
+    """A finished run: its stages, its summary, and the infer gates' failure if it missed them
+    (the run is complete and sealed either way; the CLI turns a failure into exit code 2)."""
+
     records: tuple[StageRecord, ...]
     summary: dict[str, Any]
     summary_path: Path
+    gate_failure: AccuracyGateError | None = None
+
+    def checked(self) -> PipelineResult:
+        """This result, or its gate failure raised: for callers that treat a run below its
+        gates as an error."""
+        if self.gate_failure is not None:
+            raise self.gate_failure
+        return self
+
+
+def _no_programs() -> Programs:
+    return {}
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """A stage's result as the next stage receives it: its directory (or, resuming with --from,
+    a bare .pt2 / .pte), its manifest (None for a bare file), and the programs its stage saved
+    in this process, which the next stage takes in memory (empty when cached or made
+    elsewhere; `qnn_common.tensorio.SavedProgram`)."""
+
+    path: Path
+    manifest: Manifest | None = None
+    programs: Programs = field(default_factory=_no_programs, repr=False)
 
 
 StageIn = TypeVar("StageIn", PrepareInput, QuantizeInput, CompileInput, InferInput)
@@ -82,22 +101,24 @@ class StageRunner(Generic[StageIn]):
     it; run it. The key does not depend on the output directory (which is named after the key),
     so it is computed on the input for `KEY_ONLY`."""
 
-    make_input: Callable[[PipelineContext, Path | None, Path], StageIn]
+    make_input: Callable[[PipelineContext, Artifact | None, Path], StageIn]
     cache_key: Callable[[StageIn], str]
     run: Callable[[StageIn], _Sealed]
 
-    def key(self, ctx: PipelineContext, source: Path | None) -> str:
+    def key(self, ctx: PipelineContext, source: Artifact | None) -> str:
         return self.cache_key(self.make_input(ctx, source, KEY_ONLY))
 
-    def run_into(self, ctx: PipelineContext, source: Path | None, out_dir: Path) -> Manifest:
-        return self.run(self.make_input(ctx, source, out_dir)).manifest
+    def run_into(self, ctx: PipelineContext, source: Artifact | None, out_dir: Path) -> Artifact:
+        output = self.run(self.make_input(ctx, source, out_dir))
+        programs = output.programs if isinstance(output, PrepareOutput | QuantizeOutput) else {}
+        return Artifact(out_dir, output.manifest, programs)
 
 
 # The output directory of an input built only for its cache key: never written.
 KEY_ONLY = Path()
 
 
-def _need(source: Path | None, stage: Stage) -> Path:
+def _need(source: Artifact | None, stage: Stage) -> Artifact:
     if source is None:
         raise ConfigValidationError(
             "pipeline.from", None, f"{stage} needs an input artifact; run the earlier stages"
@@ -116,18 +137,28 @@ _PREPARE = StageRunner[PrepareInput](
     lambda inp: prepare_cache_key(inp.config),
     run_prepare,
 )
+def _quantize_input(ctx: PipelineContext, source: Artifact | None, out: Path) -> QuantizeInput:
+    src = _need(source, Stage.QUANTIZE)
+    return QuantizeInput(src.path, _quantize_config(ctx), out, src.programs)
+
+
+def _compile_input(ctx: PipelineContext, source: Artifact | None, out: Path) -> CompileInput:
+    src = _need(source, Stage.COMPILE)
+    return CompileInput(src.path, ctx.compile, out, src.programs)
+
+
 _QUANTIZE = StageRunner[QuantizeInput](
-    lambda ctx, src, out: QuantizeInput(_need(src, Stage.QUANTIZE), _quantize_config(ctx), out),
+    _quantize_input,
     quantize_cache_key,
     run_quantize,
 )
 _COMPILE = StageRunner[CompileInput](
-    lambda ctx, src, out: CompileInput(_need(src, Stage.COMPILE), ctx.compile, out),
+    _compile_input,
     compile_cache_key,
     run_compile,
 )
 _INFER = StageRunner[InferInput](
-    lambda ctx, src, out: InferInput(_need(src, Stage.INFER), ctx.infer, out),
+    lambda ctx, src, out: InferInput(_need(src, Stage.INFER).path, ctx.infer, out),
     infer_cache_key,
     run_infer,
 )
@@ -179,11 +210,13 @@ def _cached(out_dir: Path, stage: Stage, key: str) -> Manifest | None:
 
 
 @cleans_up_artifacts  # unsealed staging directories and locks of a failed run
-# Each program a stage saves goes to the next stage in memory, not through a reload
-# (qnn_common.program_handoff); the files are written and verified all the same.
-@program_handoff.handing_over()
 def run_pipeline(ctx: PipelineContext, *, from_artifact: Path | None = None) -> PipelineResult:
-    """Run the stages `ctx` asks for and write `ctx.out_dir/summary.json`."""
+    """Run the stages `ctx` asks for and write `ctx.out_dir/summary.json`.
+
+    Each stage gets the previous one's `Artifact`: the programs a stage saved go to the next
+    stage in memory, not through a reload (the files are written and verified all the same).
+    A run that misses its accuracy gates returns normally, its `gate_failure` set.
+    """
     first = start_of(from_artifact) if from_artifact is not None else Stage.PREPARE
     if ctx.backend is Backend.QNN:
         # Before any stage runs: a missing or skewed QNN SDK must not cost a prepare + quantize.
@@ -212,8 +245,8 @@ def run_pipeline(ctx: PipelineContext, *, from_artifact: Path | None = None) -> 
         task_for(ctx.prepare)  # a model that names nothing fails here, before --out is touched
     # Only now, the run known to be valid: the previous run's summary must not pass for this
     # run's if this one fails. A file of that name that is not ours is refused, not replaced.
-    _remove_previous_summary(ctx.out_dir / SUMMARY_NAME)
-    source = from_artifact
+    remove_previous_summary(ctx.out_dir / SUMMARY_NAME)
+    source = None if from_artifact is None else _resumed(from_artifact)
     records: list[StageRecord] = []
     manifests: dict[Stage, Manifest] = {}
     for stage in Stage:
@@ -226,26 +259,15 @@ def run_pipeline(ctx: PipelineContext, *, from_artifact: Path | None = None) -> 
         key = runner.key(ctx, source)
         out_dir = ctx.out_dir / f"{stage}-{key[:12]}"
         cached = None if ctx.force else _cached(out_dir, stage, key)
-        gate_error: AccuracyGateError | None = None
         if cached is not None:
             log.info("%s cached: %s is up to date", stage, out_dir)
-            program_handoff.discard()  # the next stage reads this artifact, not the last
             records.append(StageRecord(stage, "cached", 0.0, out_dir))
-            manifests[stage] = cached
-            if stage is Stage.INFER:
-                # Same program, inputs and gates: a run that failed its gates fails again.
-                try:
-                    check_accuracy_gates(out_dir, cached)
-                except AccuracyGateError as err:
-                    gate_error = err
+            source = Artifact(out_dir, cached)
         else:
             log.info("%s started", stage)
             t = time.perf_counter()
             try:
-                manifests[stage] = runner.run_into(ctx, source, out_dir)
-            except AccuracyGateError as err:  # the stage ran and sealed its artifact
-                manifests[stage] = err.manifest
-                gate_error = err
+                source = runner.run_into(ctx, source, out_dir)
             except PipelineError as err:
                 if err.stage is None:
                     err.stage = stage
@@ -255,201 +277,18 @@ def run_pipeline(ctx: PipelineContext, *, from_artifact: Path | None = None) -> 
             seconds = time.perf_counter() - t
             log.info("%s completed in %.1f s -> %s", stage, seconds, out_dir)
             records.append(StageRecord(stage, "ran", round(seconds, 3), out_dir))
-        if gate_error is not None:
-            # The run is complete (infer is last) but wrong: write the summary, with accuracy.ok
-            # false and the numbers, for the dashboards, then fail the pipeline.
-            records.extend(StageRecord(s, "skipped") for s in list(Stage)[stage.position + 1:])
-            _write_summary(ctx, records, manifests)
-            raise gate_error
-        source = out_dir
-    summary, summary_path = _write_summary(ctx, records, manifests)
-    return PipelineResult(tuple(records), summary, summary_path)
-
-
-# Keys every summary this pipeline writes has had (build_summary): how a previous run's file is
-# told from a user's own `summary.json`.
-_SUMMARY_KEYS = frozenset({"model", "backend", "recipe", "stages", "accuracy"})
-
-
-def is_our_summary(path: Path) -> bool:
-    """Whether `path` is a regular file (not a symlink) holding a summary this pipeline wrote."""
-    if path.is_symlink() or not path.is_file():
-        return False
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    if not isinstance(raw, dict):
-        return False
-    return raw.keys() >= _SUMMARY_KEYS and isinstance(raw["stages"], list)
-
-
-def _remove_previous_summary(path: Path) -> None:
-    if not os.path.lexists(path):
-        return
-    if not is_our_summary(path):
-        if not os.path.lexists(path):
-            return  # removed meanwhile by another run into this --out (a sweep's cells share one)
-        raise ArtifactError(
-            path,
-            "exists and is not a summary this pipeline wrote; refusing to replace it with this "
-            "run's: move it away, or choose another --out",
-        )
-    with contextlib.suppress(FileNotFoundError):
-        path.unlink()
-
-
-def _write_summary(
-    ctx: PipelineContext, records: list[StageRecord], manifests: dict[Stage, Manifest]
-) -> tuple[dict[str, Any], Path]:
-    summary = build_summary(ctx, records, manifests)
-    ctx.out_dir.mkdir(parents=True, exist_ok=True)
-    summary_path = ctx.out_dir / SUMMARY_NAME
-    atomic_write_text(summary_path, json.dumps(summary, indent=2) + "\n")
-    return summary, summary_path
-
-
-def build_summary(
-    ctx: PipelineContext, records: list[StageRecord], manifests: dict[Stage, Manifest]
-) -> dict[str, Any]:
-    """The run at a glance; the keys are a stable contract for scripts and CI dashboards."""
-
-    def metric(stage: Stage, *path: str) -> Any:
-        value: Any = manifests[stage].metrics if stage in manifests else None
-        for key in path:
-            value = value.get(key) if isinstance(value, dict) else None
-        return value
-
-    # A bare .pte (--from X.pte) records no recipe: label it with what the program holds, not
-    # with the context's defaults (which would call any program "xnnpack, fp32").
+        if source.manifest is not None:
+            manifests[stage] = source.manifest
+    summary, summary_path = write_summary(ctx, records, manifests)
     infer = manifests.get(Stage.INFER)
-    bare = infer is not None and "pte" in infer.inputs
-    delegates = infer.metrics.get("delegates") if infer is not None else None
-    return {
-        "model": ctx.prepare.model,
-        "backend": ("+".join(delegates) or "portable") if bare and delegates is not None
-        else ctx.backend.value,
-        "recipe": None if bare else ctx.recipe.value,
-        "soc": ctx.soc,
-        "target": metric(Stage.COMPILE, "target"),
-        "stages": [
-            {
-                "name": r.stage.value,
-                "status": r.status,
-                "seconds": r.seconds,
-                "artifact": None if r.artifact is None else str(r.artifact),
-            }
-            for r in records
-        ],
-        "accuracy": {
-            "sqnr_db_vs_fp32": metric(Stage.INFER, "accuracy", "vs_fp32", "sqnr_db"),
-            "cosine_vs_fp32": metric(Stage.INFER, "accuracy", "vs_fp32", "cosine"),
-            "sqnr_db_vs_fake_quant": metric(Stage.INFER, "accuracy", "vs_fake_quant", "sqnr_db"),
-            "fake_quant_sqnr_db_vs_fp32": metric(Stage.QUANTIZE, "accuracy", "vs_fp32", "sqnr_db"),
-            # The infer gates' verdict: true / false, null when nothing was judged (no infer,
-            # no reference for the inputs, or gates off).
-            "ok": metric(Stage.INFER, "accuracy_gates", "ok"),
-            "gates": metric(Stage.INFER, "accuracy_gates", "gates"),
-            "failures": metric(Stage.INFER, "accuracy_gates", "failures") or [],
-        },
-        "worst_layers": (metric(Stage.QUANTIZE, "accuracy", "worst_layers") or [])[:3],
-        "latency_ms": {
-            "p50": metric(Stage.INFER, "latency_ms", "p50"),
-            "p90": metric(Stage.INFER, "latency_ms", "p90"),
-        },
-        # Compute ops that read a dequantized tensor, in all and by ATen op (e.g. {"linear": 36,
-        # "add": 12}): what the recipe really quantized (null for a float program).
-        "quantized_ops": metric(Stage.QUANTIZE, "quantized_ops"),
-        "quantized_op_kinds": metric(Stage.QUANTIZE, "quantized_op_kinds"),
-        # Of those, ops whose activation scale is chosen at run time (qnn_quant.layers).
-        "dynamic_ops": metric(Stage.QUANTIZE, "dynamic_ops"),
-        "pte_bytes": metric(Stage.COMPILE, "pte_bytes"),
-        "delegated_ops": metric(Stage.COMPILE, "delegated_ops"),
-        "non_delegated_ops": metric(Stage.COMPILE, "non_delegated_ops"),
-        **_generation_summary(metric),
-    }
+    # Fresh or cached: a cached run that failed its gates (same program, inputs and gates) fails
+    # again. The summary holds the numbers and accuracy.ok false either way.
+    failure = None if infer is None or source is None else gate_failure(source.path, infer)
+    return PipelineResult(tuple(records), summary, summary_path, failure)
 
 
-def _generation_summary(metric: Callable[..., Any]) -> dict[str, Any]:
-    """A causal LM's generation and its teacher-forced agreement with the eager HF model."""
-    generation = metric(Stage.INFER, "generation")
-    if not isinstance(generation, dict):
-        return {}
-    return {
-        "generation": {
-            **{k: generation.get(k) for k in (
-                "text", "new_tokens", "ttft_ms", "prefill_tokens_per_s", "decode_tokens_per_s",
-            )},
-            "argmax_agreement_vs_eager": metric(
-                Stage.INFER, "accuracy", "vs_fp32", "argmax_agreement"
-            ),
-            "sqnr_db_vs_eager": metric(Stage.INFER, "accuracy", "vs_fp32", "sqnr_db"),
-            # Of the held-out eval texts: eager fp32, fake quant (if quantized), the program.
-            "perplexity": metric(Stage.INFER, "accuracy", "perplexity"),
-        }
-    }
+def _resumed(path: Path) -> Artifact:
+    """--from: an artifact directory with its manifest, or a bare .pt2 / .pte."""
+    return Artifact(path, load_manifest(path) if path.is_dir() else None)
 
 
-def _perplexity_line(ppl: dict[str, Any]) -> str:
-    figures = [f"{label} {ppl[key]:.3f}" for key, label in (
-        ("fp32", "eager fp32"), ("fake_quant", "fake quant"), ("program", "program"),
-    ) if isinstance(ppl.get(key), float | int)]
-    change = ppl.get("vs_fp32")
-    return (
-        f"perplexity of the held-out text ({ppl.get('tokens')} tokens): " + ", ".join(figures)
-        + (f" ({change:+.1%} vs fp32)" if isinstance(change, float | int) else "")
-    )
-
-
-def _verdict(ok: bool | None) -> str:
-    return "gates: -" if ok is None else "gates: ok" if ok else "gates: FAILED"
-
-
-def format_summary(summary: dict[str, Any]) -> str:
-    """A terminal table of the stages followed by the headline numbers."""
-    lines = [f"{'stage':10s} {'status':8s} {'seconds':>8s}  artifact"]
-    for s in summary["stages"]:
-        lines.append(
-            f"{s['name']:10s} {s['status']:8s} {s['seconds']:8.1f}  {s['artifact'] or '-'}"
-        )
-    acc, lat = summary["accuracy"], summary["latency_ms"]
-
-    def num(value: Any, fmt: str) -> str:
-        if value is None:
-            return "-"
-        return value if isinstance(value, str) else format(value, fmt)  # "inf" stays "inf"
-
-    lines.append("")
-    lines.append(
-        f"{summary['model']} on {summary['backend']} "
-        f"({summary['recipe'] or 'recipe unknown: a bare .pte'}"
-        f"{', ' + summary['soc'] if summary['soc'] else ''}): "
-        f"SQNR vs fp32 {num(acc['sqnr_db_vs_fp32'], '.1f')} dB, "
-        f"cosine {num(acc['cosine_vs_fp32'], '.4f')}, "
-        f"vs fake-quant {num(acc['sqnr_db_vs_fake_quant'], '.1f')} dB "
-        f"({_verdict(acc.get('ok'))}); "
-        f"latency p50 {num(lat['p50'], '.3f')} ms, p90 {num(lat['p90'], '.3f')} ms; "
-        f".pte {num(summary['pte_bytes'], ',')} bytes"
-    )
-    kinds = summary.get("quantized_op_kinds")
-    if summary.get("quantized_ops") is not None:
-        by_kind = ", ".join(f"{k} {n}" for k, n in (kinds or {}).items())
-        dynamic = summary.get("dynamic_ops")
-        lines.append(
-            f"quantized ops: {summary['quantized_ops']}" + (f" ({by_kind})" if by_kind else "")
-            + (f", of which {dynamic} dynamic (activation scale per call)" if dynamic else "")
-        )
-    gen = summary.get("generation")
-    if gen:
-        lines.append(
-            f"generated {gen['new_tokens']} token(s): {gen['text']!r}\n"
-            f"time to first token {num(gen['ttft_ms'], '.1f')} ms, "
-            f"prefill {num(gen['prefill_tokens_per_s'], '.1f')} tok/s, "
-            f"decode {num(gen['decode_tokens_per_s'], '.1f')} tok/s; "
-            f"argmax agreement vs eager {num(gen['argmax_agreement_vs_eager'], '.3f')}, "
-            f"SQNR vs eager {num(gen['sqnr_db_vs_eager'], '.1f')} dB"
-        )
-        ppl = gen.get("perplexity")
-        if isinstance(ppl, dict):
-            lines.append(_perplexity_line(ppl))
-    return "\n".join(lines)

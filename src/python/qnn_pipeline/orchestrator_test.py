@@ -10,15 +10,10 @@ from qnn_common.config import PipelineContext, Stage
 from qnn_common.errors import ArtifactError, ConfigValidationError, PipelineError
 from qnn_common.manifest import write_manifest
 from qnn_common.recipes import Backend, Recipe
-from qnn_pipeline import orchestrator
+from qnn_pipeline import summary as summary_module
 from qnn_pipeline.cli import main
-from qnn_pipeline.orchestrator import (
-    StageRecord,
-    build_summary,
-    format_summary,
-    run_pipeline,
-    start_of,
-)
+from qnn_pipeline.orchestrator import run_pipeline, start_of
+from qnn_pipeline.summary import StageRecord, build_summary, format_summary
 
 
 def _artifact(path: Path, stage: Stage) -> Path:
@@ -116,10 +111,10 @@ def test_a_summary_removed_by_another_run_meanwhile_is_no_error(
         path.unlink()  # the other cell's removal, between our lexists and our read
         return False
 
-    monkeypatch.setattr(orchestrator, "is_our_summary", read_as_another_run_removes_it)
-    orchestrator._remove_previous_summary(summary)
+    monkeypatch.setattr(summary_module, "is_our_summary", read_as_another_run_removes_it)
+    summary_module.remove_previous_summary(summary)
     assert not summary.exists()
     summary.write_text("{}")  # still there, and not ours: refused
-    monkeypatch.setattr(orchestrator, "is_our_summary", lambda path: False)
+    monkeypatch.setattr(summary_module, "is_our_summary", lambda path: False)
     with pytest.raises(ArtifactError, match="not a summary this pipeline wrote"):
-        orchestrator._remove_previous_summary(summary)
+        summary_module.remove_previous_summary(summary)

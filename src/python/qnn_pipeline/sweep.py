@@ -227,6 +227,10 @@ def execute_node(node: Node, *parents: NodeResult) -> NodeResult:
         log.exception("%s failed unexpectedly", node.id)
         return NodeResult(node.id, node.stage, "failed", time.perf_counter() - start,
                           failed_stage=str(node.stage), error=f"{type(err).__name__}: {err}")
+    if result.gate_failure is not None and node.stage is Stage.INFER:
+        return NodeResult(node.id, node.stage, "failed", time.perf_counter() - start,
+                          failed_stage=str(Stage.INFER), error=str(result.gate_failure),
+                          summary=result.summary)
     record = next(r for r in result.records if r.stage is node.stage)
     return NodeResult(
         node.id, node.stage, "cached" if record.status == "cached" else "ran", record.seconds,

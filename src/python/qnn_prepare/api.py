@@ -31,7 +31,7 @@ from qnn_common.stages import (
     PrepareOutput,
     method_program,
 )
-from qnn_common.tensorio import save_program, save_samples
+from qnn_common.tensorio import handed_on, save_program, save_samples
 from qnn_prepare.factory import is_factory_spec
 from qnn_prepare.models import BUILTIN_MODELS, task_for
 from qnn_prepare.provenance import factory_digest
@@ -88,10 +88,8 @@ def run_prepare(inp: PrepareInput) -> PrepareOutput:
     torch.manual_seed(cfg.seed)
     exported = task.export(cfg)
     out = begin_artifact(inp.out_dir, inputs=[cfg.calibration_file, Path(cfg.model)])
-    files = []
-    for method, program in exported.programs.items():
-        save_program(out / method_program(method), program)
-        files.append(method_program(method))
+    files = [method_program(method) for method in exported.programs]
+    saved = {m: save_program(out / method_program(m), p) for m, p in exported.programs.items()}
     save_samples(out / CALIBRATION, list(exported.calibration))
     save_samples(out / EVAL_INPUTS, list(exported.eval_inputs))
     save_samples(out / REFERENCE_FP32, list(exported.reference))
@@ -109,7 +107,7 @@ def run_prepare(inp: PrepareInput) -> PrepareOutput:
     manifest = _seal(
         out, cfg, source_digests(cfg), files, exported.timings, metrics=metrics, program=record
     )
-    return PrepareOutput(inp.out_dir, manifest)
+    return PrepareOutput(inp.out_dir, manifest, handed_on(saved))
 
 
 def _seal(

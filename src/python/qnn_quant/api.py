@@ -22,7 +22,7 @@ from qnn_common.stages import (
     carry_forward,
     program_files,
 )
-from qnn_common.tensorio import load_program, save_program, save_samples
+from qnn_common.tensorio import handed_on, load_program, save_program, save_samples
 from qnn_quant.families import family_for
 from qnn_quant.gptq import GptqResult
 from qnn_quant.intx import IntxResult
@@ -48,12 +48,12 @@ def run_quantize(inp: QuantizeInput) -> QuantizeOutput:
     src = load_manifest(inp.source, expect_stage=Stage.PREPARE)
     family = family_for(inp.source, src)
     files = program_files(inp.source, src)
-    programs = {m: load_program(inp.source / f) for m, f in files.items()}
+    programs = {m: load_program(inp.source / f, inp.programs.get(m)) for m, f in files.items()}
     out = begin_artifact(inp.out_dir, inputs=[inp.source])
 
     quantized = family.quantize(inp, src, programs)
-    for method, program in quantized.programs.items():
-        save_program(out / files[method], program)
+    del programs  # the family's input, which it may have changed: not this stage's output
+    saved = {m: save_program(out / files[m], p) for m, p in quantized.programs.items()}
     save_samples(out / REFERENCE_FAKE_QUANT, quantized.fake_quant)
     carried = carry_forward(inp.source, src, out)
     methods = list(quantized.programs.values())
@@ -71,7 +71,7 @@ def run_quantize(inp: QuantizeInput) -> QuantizeOutput:
             "accuracy": quantized.accuracy,
         },
     )
-    return QuantizeOutput(inp.out_dir, manifest)
+    return QuantizeOutput(inp.out_dir, manifest, handed_on(saved))
 
 
 def _rounding_metrics(

@@ -1,0 +1,92 @@
+"""A saved program goes to the next stage's load of its file in memory, while the file holds the
+bytes saved (`tensorio.SavedProgram`)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from qnn_common.errors import ArtifactError
+from qnn_common.tensorio import SavedProgram, handed_on, load_program, save_program
+
+
+class _Cache(torch.nn.Module):
+    """A stateful model: its buffer is what a shared-state bug would corrupt."""
+
+    state: torch.Tensor
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+        self.register_buffer("state", torch.zeros(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.state.add_(x.sum(0))
+        out: torch.Tensor = self.linear(x) + self.state
+        return out
+
+
+def _export(model: torch.nn.Module | None = None) -> torch.export.ExportedProgram:
+    torch.manual_seed(0)
+    model = model or torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()).eval()
+    return torch.export.export(model, (torch.randn(2, 4),))
+
+
+def test_without_the_saved_program_every_load_reads_the_file(tmp_path: Path) -> None:
+    program = _export()
+    saved = save_program(tmp_path / "p.pt2", program)
+    assert saved.program is program and len(saved.sha256) == 64
+    loaded = load_program(tmp_path / "p.pt2")
+    assert loaded is not program
+    x = torch.randn(2, 4)
+    assert torch.equal(loaded.module()(x), program.module()(x))
+
+
+def test_the_saved_program_is_taken_while_the_file_holds_its_bytes(tmp_path: Path) -> None:
+    program = _export()
+    (tmp_path / "staging").mkdir()
+    saved = save_program(tmp_path / "staging" / "p.pt2", program)
+    # Sealing renames the stage's directory: the file is the same under another path.
+    os.replace(tmp_path / "staging", tmp_path / "sealed")
+    assert load_program(tmp_path / "sealed" / "p.pt2", saved) is program
+
+
+def test_a_replaced_file_is_read_not_taken(tmp_path: Path) -> None:
+    program, other = _export(), _export(torch.nn.Sequential(torch.nn.Linear(4, 3)))
+    saved = save_program(tmp_path / "p.pt2", program)
+    save_program(tmp_path / "q.pt2", other)
+    os.replace(tmp_path / "q.pt2", tmp_path / "p.pt2")  # a new file under the saved name
+    loaded = load_program(tmp_path / "p.pt2", saved)
+    assert loaded is not program and loaded is not other
+    assert loaded.module()(torch.randn(2, 4)).shape == (2, 3)
+
+
+def test_a_file_edited_in_place_is_read_not_taken(tmp_path: Path) -> None:
+    """Same inode, same size, mtime set back: the bytes are hashed again and differ."""
+    program = _export()
+    path = tmp_path / "p.pt2"
+    saved = save_program(path, program)
+    st = os.stat(path)
+    data = bytearray(path.read_bytes())
+    data[-30] ^= 0xFF
+    with open(path, "r+b") as fh:
+        fh.write(bytes(data))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    try:
+        loaded = load_program(path, saved)
+    except ArtifactError:  # the edit broke the archive: read, and refused
+        return
+    assert loaded is not program
+
+
+def test_programs_sharing_tensors_are_not_handed_on() -> None:
+    """Two methods exported from one stateful model share its buffer; loaded from their files,
+    each has its own, so neither goes on in memory (running one must not change the other)."""
+    model = _Cache()
+    first, second = _export(model), _export(model)
+    alone = _export()
+    saved = {name: SavedProgram(p, "0" * 64) for name, p in
+             (("prefill", first), ("decode", second), ("other", alone))}
+    assert set(handed_on(saved)) == {"other"}

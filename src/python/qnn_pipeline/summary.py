@@ -1,0 +1,223 @@
+"""The run's summary: `OUT/summary.json` (a stable contract for scripts and CI dashboards) and
+the table the CLI prints.
+
+Built from the stages' sealed manifests; a previous run's summary is removed before a run starts
+(it must not pass for this run's if this one fails), and a file of that name that is not one of
+ours is refused rather than replaced.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from qnn_common.config import PipelineContext, Stage
+from qnn_common.errors import ArtifactError
+from qnn_common.manifest import Manifest, atomic_write_text
+
+SUMMARY_NAME = "summary.json"
+Status = Literal["ran", "cached", "skipped"]
+
+
+@dataclass(frozen=True)
+class StageRecord:
+    """What happened to one stage in one run."""
+
+    stage: Stage
+    status: Status
+    seconds: float = 0.0
+    artifact: Path | None = None
+
+
+# Keys every summary this pipeline writes has had (build_summary): how a previous run's file is
+# told from a user's own `summary.json`.
+_SUMMARY_KEYS = frozenset({"model", "backend", "recipe", "stages", "accuracy"})
+
+
+def is_our_summary(path: Path) -> bool:
+    """Whether `path` is a regular file (not a symlink) holding a summary this pipeline wrote."""
+    if path.is_symlink() or not path.is_file():
+        return False
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    if not isinstance(raw, dict):
+        return False
+    return raw.keys() >= _SUMMARY_KEYS and isinstance(raw["stages"], list)
+
+
+def remove_previous_summary(path: Path) -> None:
+    if not os.path.lexists(path):
+        return
+    if not is_our_summary(path):
+        if not os.path.lexists(path):
+            return  # removed meanwhile by another run into this --out (a sweep's cells share one)
+        raise ArtifactError(
+            path,
+            "exists and is not a summary this pipeline wrote; refusing to replace it with this "
+            "run's: move it away, or choose another --out",
+        )
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+
+
+def write_summary(
+    ctx: PipelineContext, records: list[StageRecord], manifests: dict[Stage, Manifest]
+) -> tuple[dict[str, Any], Path]:
+    summary = build_summary(ctx, records, manifests)
+    ctx.out_dir.mkdir(parents=True, exist_ok=True)
+    summary_path = ctx.out_dir / SUMMARY_NAME
+    atomic_write_text(summary_path, json.dumps(summary, indent=2) + "\n")
+    return summary, summary_path
+
+
+def build_summary(
+    ctx: PipelineContext, records: list[StageRecord], manifests: dict[Stage, Manifest]
+) -> dict[str, Any]:
+    """The run at a glance; the keys are a stable contract for scripts and CI dashboards."""
+
+    def metric(stage: Stage, *path: str) -> Any:
+        value: Any = manifests[stage].metrics if stage in manifests else None
+        for key in path:
+            value = value.get(key) if isinstance(value, dict) else None
+        return value
+
+    # A bare .pte (--from X.pte) records no recipe: label it with what the program holds, not
+    # with the context's defaults (which would call any program "xnnpack, fp32").
+    infer = manifests.get(Stage.INFER)
+    bare = infer is not None and "pte" in infer.inputs
+    delegates = infer.metrics.get("delegates") if infer is not None else None
+    return {
+        "model": ctx.prepare.model,
+        "backend": ("+".join(delegates) or "portable") if bare and delegates is not None
+        else ctx.backend.value,
+        "recipe": None if bare else ctx.recipe.value,
+        "soc": ctx.soc,
+        "target": metric(Stage.COMPILE, "target"),
+        "stages": [
+            {
+                "name": r.stage.value,
+                "status": r.status,
+                "seconds": r.seconds,
+                "artifact": None if r.artifact is None else str(r.artifact),
+            }
+            for r in records
+        ],
+        "accuracy": {
+            "sqnr_db_vs_fp32": metric(Stage.INFER, "accuracy", "vs_fp32", "sqnr_db"),
+            "cosine_vs_fp32": metric(Stage.INFER, "accuracy", "vs_fp32", "cosine"),
+            "sqnr_db_vs_fake_quant": metric(Stage.INFER, "accuracy", "vs_fake_quant", "sqnr_db"),
+            "fake_quant_sqnr_db_vs_fp32": metric(Stage.QUANTIZE, "accuracy", "vs_fp32", "sqnr_db"),
+            # The infer gates' verdict: true / false, null when nothing was judged (no infer,
+            # no reference for the inputs, or gates off).
+            "ok": metric(Stage.INFER, "accuracy_gates", "ok"),
+            "gates": metric(Stage.INFER, "accuracy_gates", "gates"),
+            "failures": metric(Stage.INFER, "accuracy_gates", "failures") or [],
+        },
+        "worst_layers": (metric(Stage.QUANTIZE, "accuracy", "worst_layers") or [])[:3],
+        "latency_ms": {
+            "p50": metric(Stage.INFER, "latency_ms", "p50"),
+            "p90": metric(Stage.INFER, "latency_ms", "p90"),
+        },
+        # Compute ops that read a dequantized tensor, in all and by ATen op (e.g. {"linear": 36,
+        # "add": 12}): what the recipe really quantized (null for a float program).
+        "quantized_ops": metric(Stage.QUANTIZE, "quantized_ops"),
+        "quantized_op_kinds": metric(Stage.QUANTIZE, "quantized_op_kinds"),
+        # Of those, ops whose activation scale is chosen at run time (qnn_quant.layers).
+        "dynamic_ops": metric(Stage.QUANTIZE, "dynamic_ops"),
+        "pte_bytes": metric(Stage.COMPILE, "pte_bytes"),
+        "delegated_ops": metric(Stage.COMPILE, "delegated_ops"),
+        "non_delegated_ops": metric(Stage.COMPILE, "non_delegated_ops"),
+        **_generation_summary(metric),
+    }
+
+
+def _generation_summary(metric: Callable[..., Any]) -> dict[str, Any]:
+    """A causal LM's generation and its teacher-forced agreement with the eager HF model."""
+    generation = metric(Stage.INFER, "generation")
+    if not isinstance(generation, dict):
+        return {}
+    return {
+        "generation": {
+            **{k: generation.get(k) for k in (
+                "text", "new_tokens", "ttft_ms", "prefill_tokens_per_s", "decode_tokens_per_s",
+            )},
+            "argmax_agreement_vs_eager": metric(
+                Stage.INFER, "accuracy", "vs_fp32", "argmax_agreement"
+            ),
+            "sqnr_db_vs_eager": metric(Stage.INFER, "accuracy", "vs_fp32", "sqnr_db"),
+            # Of the held-out eval texts: eager fp32, fake quant (if quantized), the program.
+            "perplexity": metric(Stage.INFER, "accuracy", "perplexity"),
+        }
+    }
+
+
+def _perplexity_line(ppl: dict[str, Any]) -> str:
+    figures = [f"{label} {ppl[key]:.3f}" for key, label in (
+        ("fp32", "eager fp32"), ("fake_quant", "fake quant"), ("program", "program"),
+    ) if isinstance(ppl.get(key), float | int)]
+    change = ppl.get("vs_fp32")
+    return (
+        f"perplexity of the held-out text ({ppl.get('tokens')} tokens): " + ", ".join(figures)
+        + (f" ({change:+.1%} vs fp32)" if isinstance(change, float | int) else "")
+    )
+
+
+def _verdict(ok: bool | None) -> str:
+    return "gates: -" if ok is None else "gates: ok" if ok else "gates: FAILED"
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    """A terminal table of the stages followed by the headline numbers."""
+    lines = [f"{'stage':10s} {'status':8s} {'seconds':>8s}  artifact"]
+    for s in summary["stages"]:
+        lines.append(
+            f"{s['name']:10s} {s['status']:8s} {s['seconds']:8.1f}  {s['artifact'] or '-'}"
+        )
+    acc, lat = summary["accuracy"], summary["latency_ms"]
+
+    def num(value: Any, fmt: str) -> str:
+        if value is None:
+            return "-"
+        return value if isinstance(value, str) else format(value, fmt)  # "inf" stays "inf"
+
+    lines.append("")
+    lines.append(
+        f"{summary['model']} on {summary['backend']} "
+        f"({summary['recipe'] or 'recipe unknown: a bare .pte'}"
+        f"{', ' + summary['soc'] if summary['soc'] else ''}): "
+        f"SQNR vs fp32 {num(acc['sqnr_db_vs_fp32'], '.1f')} dB, "
+        f"cosine {num(acc['cosine_vs_fp32'], '.4f')}, "
+        f"vs fake-quant {num(acc['sqnr_db_vs_fake_quant'], '.1f')} dB "
+        f"({_verdict(acc.get('ok'))}); "
+        f"latency p50 {num(lat['p50'], '.3f')} ms, p90 {num(lat['p90'], '.3f')} ms; "
+        f".pte {num(summary['pte_bytes'], ',')} bytes"
+    )
+    kinds = summary.get("quantized_op_kinds")
+    if summary.get("quantized_ops") is not None:
+        by_kind = ", ".join(f"{k} {n}" for k, n in (kinds or {}).items())
+        dynamic = summary.get("dynamic_ops")
+        lines.append(
+            f"quantized ops: {summary['quantized_ops']}" + (f" ({by_kind})" if by_kind else "")
+            + (f", of which {dynamic} dynamic (activation scale per call)" if dynamic else "")
+        )
+    gen = summary.get("generation")
+    if gen:
+        lines.append(
+            f"generated {gen['new_tokens']} token(s): {gen['text']!r}\n"
+            f"time to first token {num(gen['ttft_ms'], '.1f')} ms, "
+            f"prefill {num(gen['prefill_tokens_per_s'], '.1f')} tok/s, "
+            f"decode {num(gen['decode_tokens_per_s'], '.1f')} tok/s; "
+            f"argmax agreement vs eager {num(gen['argmax_agreement_vs_eager'], '.3f')}, "
+            f"SQNR vs eager {num(gen['sqnr_db_vs_eager'], '.1f')} dB"
+        )
+        ppl = gen.get("perplexity")
+        if isinstance(ppl, dict):
+            lines.append(_perplexity_line(ppl))
+    return "\n".join(lines)
