@@ -1,7 +1,7 @@
 """The peer a CPU user would pick: llama.cpp (llama-cpp-python) greedy on a GGUF file.
 
 Run by `llm_bench.py --llama-cpp-python PYTHON` with an interpreter that has llama-cpp-python
-(a benchmark dependency, not the product's: its sdist compiles llama.cpp, see the README), on the
+(a benchmark dependency, not the product's: its sdist compiles llama.cpp, see docs/llm.md), on the
 same prompt token ids, threads and number of new tokens as our program. Prints one JSON object:
 time to first token (the prompt's evaluation), prefill and decode tokens/s (best of `--runs`),
 and the generated token ids.

@@ -32,7 +32,7 @@ class AccuracyGates:
 
 # The default gates, per recipe: low enough that every model we measured passes with a margin,
 # high enough that a wrong program (swapped / mutated outputs, a mis-lowered op, a zero output)
-# cannot. Measured on this project's eval inputs (the README's tables):
+# cannot. Measured on this project's eval inputs (docs/quantization.md's tables):
 # * fp32: tiny-cnn on XNNPACK 120 dB vs fp32 (the e2e test asks >= 60). A float program is the
 #   same arithmetic in another order, so under 40 dB (1 % RMS error) is a lowering bug.
 # * fp16: QNN HTP 65.5 dB (tiny-cnn), 41.0 dB (MiniLM, 6 layers); fp16 rounding accumulates with

@@ -4,7 +4,7 @@ A chat prompt reaches the model as its template renders it: role markers, specia
 default system prompt. Plain-text calibration never shows the model those tokens, so a static
 recipe sets every activation range without them, and the activations they produce at run time
 can fall outside and clip. SmolLM2-135M at 16a8w, calibrated on 16 plain-text windows, scored
-better teacher-forced than on 4, yet answered the chat question wrong (README, SmolLM2 on the
+better teacher-forced than on 4, yet answered the chat question wrong (docs/llm.md, SmolLM2 on the
 HTP). Upstream's QNN LLM export calibrates instruct models on chat-formatted samples for the
 same reason. Half of an instruct model's calibration windows are conversations built from the
 calibration text (a sentence as the user's turn, the sentences after it as the assistant's),

@@ -26,7 +26,7 @@ exactly into a symmetric int4 weight `scale * (q - 8)`, which stays one qd8 x qb
 float constant per group, `minimum + 8 * scale`, that multiplies the sum of the group's inputs:
 two small float linears beside the GEMM (the group sums, then the constants; 1/group_size of
 the weight's size). On SmolLM2-135M, whose weights sit on a Q4_1 grid, that split is lossless
-where a symmetric group adds a second 4-bit rounding to every weight (numbers in the README).
+where a symmetric group adds a second 4-bit rounding to every weight (numbers in docs/llm.md).
 Symmetric: upstream's scheme, described next. The linears `int8_weights` names (by default a
 causal LM's output head) get int8 weights with one scale per output channel instead (qd8 x qc8w).
 

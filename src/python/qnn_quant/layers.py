@@ -21,7 +21,7 @@ it as its qd8-f32-qc8w GEMM, with one scale per row (token), and writes float: n
 and outliers in one token do not coarsen the others. On these backends the encoder's linear
 layers (`ENCODER_LINEARS`) quantize dynamically by default, the residual stream stays float, and
 the down projections need no float island: on all-MiniLM-L6-v2 that is both closer to fp32
-and faster than the static default with the down projections in float (README, "MiniLM
+and faster than the static default with the down projections in float (docs/benchmarks.md, "MiniLM
 8a8w ... dynamic encoder linears"). The HTP fixes every scale when its context is built, so
 QNN has no dynamic layers (`qnn_common.recipes.check_dynamic_layers`): there the down projections
 stay float at 8-bit activations (a float layer runs outside the HTP, a partition break; QNN's

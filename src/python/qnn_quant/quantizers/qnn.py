@@ -119,7 +119,7 @@ def _blockable(node: torch.fx.Node, block: int) -> torch.fx.Node | None:
     a blocked 3x3 convolution, both with a block spanning the window (one scale per output
     channel and input block, the only layout QNN's blockwise expansion can hold) and with
     upstream's `(1, block, 1, 1)`, where a blocked 1x1 convolution matches the fake-quantized
-    model (README, known limits). Upstream blocks 1x1 convolutions: its LLMs run their linears
+    model (docs/known-limits.md). Upstream blocks 1x1 convolutions: its LLMs run their linears
     as them."""
     weight = node.args[1] if node.op == "call_function" and len(node.args) > 1 else None
     if not isinstance(weight, torch.fx.Node):
