@@ -44,6 +44,21 @@ class ConfigValidationError(PipelineError, ValueError):
         super().__init__(msg)
 
 
+class InputError(PipelineError, ValueError):
+    """Data given to a program does not fit it: the wrong number of inputs, a dtype, a shape.
+
+    `field` names the input (``inputs``, ``inputs[0]``), `value` describes what was given, and
+    `reason` what the program takes instead. Not a configuration error: the settings are fine,
+    the data is not.
+    """
+
+    def __init__(self, field: str, value: object, reason: str) -> None:
+        self.field = field
+        self.value = value
+        self.reason = reason
+        super().__init__(f"{field}: {value!r} does not fit the program: {reason}")
+
+
 class BackendNotAvailableError(PipelineError):
     """A backend, engine or tool the configuration asks for is not installed or cannot run here."""
 

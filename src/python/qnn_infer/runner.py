@@ -22,6 +22,7 @@ from qnn_common.errors import (
     ArtifactError,
     BackendNotAvailableError,
     ConfigValidationError,
+    InputError,
     PipelineError,
     StageError,
 )
@@ -87,7 +88,7 @@ class HostRunner:
     constants but keeps them as inputs, and the .pte takes them too (measured: a model with 5
     tensor and 4 constant leaves has a 9-input method and refuses the 5 tensors alone).
     Inputs are checked against the method's metadata before execution, so a wrong count, dtype
-    or shape is reported as a `ConfigValidationError` naming expected and got instead of a bare
+    or shape is reported as an `InputError` naming expected and got instead of a bare
     runtime status code. `example_inputs`, if given, are checked the same way at construction,
     so a caller learns before any run that its data cannot fit the program.
 
@@ -174,7 +175,7 @@ class HostRunner:
         """Execute the method once on `inputs`.
 
         Raises:
-            ConfigValidationError: the inputs do not match the program's (count, dtype, rank, or
+            InputError: the inputs do not match the program's (count, dtype, rank, or
                 a dimension the program cannot take).
             StageError: the runtime failed while executing.
         """
@@ -188,7 +189,7 @@ class HostRunner:
             if "set_inputs" in str(exc):
                 # Passed the checks above (which allow any size up to the planned one, as a
                 # dynamic dimension would) but the dimension is static in the program.
-                raise ConfigValidationError(
+                raise InputError(
                     "inputs",
                     _describe_inputs(inputs),
                     f"the runtime refused them; {self._expected()} ({exc})",
@@ -248,11 +249,11 @@ class HostRunner:
 
     def _check_inputs(self, inputs: tuple[torch.Tensor, ...]) -> None:
         if not isinstance(inputs, tuple | list):
-            raise ConfigValidationError(
+            raise InputError(
                 "inputs", type(inputs).__name__, f"must be a tuple of tensors; {self._expected()}"
             )
         if len(inputs) != len(self.input_specs):
-            raise ConfigValidationError(
+            raise InputError(
                 "inputs",
                 _describe_inputs(inputs),
                 f"expected {len(self.input_specs)} input(s), got {len(inputs)}; "
@@ -265,18 +266,18 @@ class HostRunner:
                 continue
             field = f"inputs[{i}]"
             if not isinstance(tensor, torch.Tensor):
-                raise ConfigValidationError(
+                raise InputError(
                     field, type(tensor).__name__, f"expected a tensor {spec.describe()}"
                 )
             got = describe(tensor.dtype, tensor.shape)
             if tensor.dtype != spec.dtype:
-                raise ConfigValidationError(
+                raise InputError(
                     field, got, f"expected dtype {spec.describe()}, got {got}"
                 )
             if tensor.dim() != len(spec.shape) or any(
                 d > bound for d, bound in zip(tensor.shape, spec.shape, strict=True)
             ):
-                raise ConfigValidationError(
+                raise InputError(
                     field, got, f"expected shape {spec.describe()}, got {got}"
                 )
 

@@ -23,6 +23,7 @@ from qnn_common.errors import (
     ArtifactError,
     BackendNotAvailableError,
     ConfigValidationError,
+    InputError,
     PipelineError,
 )
 from qnn_common.recipes import Backend, Recipe
@@ -253,7 +254,7 @@ def test_wrong_inputs_name_expected_and_got(
     fp32_pte: Path, inputs: tuple[torch.Tensor, ...], field: str, fragment: str
 ) -> None:
     runner = HostRunner(fp32_pte)
-    with pytest.raises(ConfigValidationError) as info:
+    with pytest.raises(InputError) as info:
         runner.run(inputs)
     assert info.value.field == field
     assert fragment in str(info.value)
@@ -263,7 +264,7 @@ def test_wrong_inputs_name_expected_and_got(
 
 def test_example_inputs_are_checked_at_construction(fp32_pte: Path) -> None:
     assert HostRunner(fp32_pte, example_inputs=_inputs()).input_specs[0] is not None
-    with pytest.raises(ConfigValidationError, match=r"expected dtype float32\[1, 3, 8, 8\]"):
+    with pytest.raises(InputError, match=r"expected dtype float32\[1, 3, 8, 8\]"):
         HostRunner(fp32_pte, example_inputs=(torch.zeros(*SHAPE, dtype=torch.int64),))
 
 
@@ -292,7 +293,7 @@ def test_dynamic_batch_takes_smaller_and_rejects_larger(tmp_path: Path) -> None:
     (out,) = runner.run((x,))
     with torch.no_grad():
         torch.testing.assert_close(out, model(x))
-    with pytest.raises(ConfigValidationError, match=r"got float32\[9, 4\]"):
+    with pytest.raises(InputError, match=r"got float32\[9, 4\]"):
         runner.run((torch.randn(9, 4),))
 
 
