@@ -9,7 +9,13 @@ from pathlib import Path
 import torch
 
 from qnn_common.errors import ArtifactError
-from qnn_common.tensorio import SavedProgram, handed_on, load_program, save_program
+from qnn_common.tensorio import (
+    SavedProgram,
+    handed_on,
+    load_program,
+    save_program,
+    share_equal_weights,
+)
 
 
 class _Cache(torch.nn.Module):
@@ -90,3 +96,24 @@ def test_programs_sharing_tensors_are_not_handed_on() -> None:
     saved = {name: SavedProgram(p, "0" * 64) for name, p in
              (("prefill", first), ("decode", second), ("other", alone))}
     assert set(handed_on(saved)) == {"other"}
+
+
+def test_equal_weights_of_loaded_methods_share_one_tensor(tmp_path: Path) -> None:
+    """Loaded from their files, two methods of one model hold a copy each of its weights: after
+    share_equal_weights one, and still a buffer each."""
+    model = _Cache()
+    for name in ("a", "b"):
+        save_program(tmp_path / f"{name}.pt2", _export(model))
+    other = _Cache()  # same names, other values: not shared
+    save_program(tmp_path / "c.pt2", _export(other))
+    programs = {n: load_program(tmp_path / f"{n}.pt2") for n in ("a", "b", "c")}
+    weight = "linear.weight"
+    assert programs["a"].state_dict[weight] is not programs["b"].state_dict[weight]
+    freed = share_equal_weights(programs)
+    assert freed == (4 * 4 + 4) * 4  # b's weight and bias, float32
+    a, b, c = (programs[n].state_dict for n in ("a", "b", "c"))
+    assert b[weight] is a[weight] and b["linear.bias"] is a["linear.bias"]
+    assert c[weight] is not a[weight]
+    assert b["state"] is not a["state"]  # a buffer: each method's own
+    x = torch.randn(2, 4)
+    torch.testing.assert_close(programs["b"].module()(x), programs["a"].module()(x))

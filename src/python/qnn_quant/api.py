@@ -22,7 +22,13 @@ from qnn_common.stages import (
     carry_forward,
     program_files,
 )
-from qnn_common.tensorio import handed_on, load_program, save_program, save_samples
+from qnn_common.tensorio import (
+    handed_on,
+    load_program,
+    save_program,
+    save_samples,
+    share_equal_weights,
+)
 from qnn_quant.families import family_for
 from qnn_quant.gptq import GptqResult
 from qnn_quant.intx import IntxResult
@@ -49,6 +55,8 @@ def run_quantize(inp: QuantizeInput) -> QuantizeOutput:
     family = family_for(inp.source, src)
     files = program_files(inp.source, src)
     programs = {m: load_program(inp.source / f, inp.programs.get(m)) for m, f in files.items()}
+    if (freed := share_equal_weights(programs)) > 0:
+        log.info("methods %s share %.0f MB of equal weights", ", ".join(programs), freed / 2**20)
     out = begin_artifact(inp.out_dir, inputs=[inp.source])
 
     quantized = family.quantize(inp, src, programs)
