@@ -1,0 +1,23 @@
+# BUILD-file macros (pants.toml [GLOBAL].build_file_prelude_globs): every BUILD file sees them.
+# Not a python_sources target: Pants evaluates this file itself, with the BUILD-file symbols.
+
+
+def stage_package(provides, cli_dependencies=(), sources_dependencies=()):
+    """A pipeline package's targets, named as every package's: its sources, `tests`, the CLI PEX
+    `cli` (entry point `cli.py:main`) and the wheel `dist`, whose console script is the
+    distribution's name (`qnn-quant` runs `qnn_quant.cli:main`).
+
+    `provides` stays a python_artifact(...) written in the BUILD file: the release tooling reads
+    the name and version from there (build-support/version_policy.py). The dependency rules stay
+    in each BUILD file too, where the architecture is read.
+    """
+    package = build_file_dir().name  # noqa: F821 (a BUILD-file symbol)
+    python_sources(dependencies=list(sources_dependencies))  # noqa: F821
+    python_tests(name="tests")  # noqa: F821
+    pex_binary(name="cli", entry_point="cli.py:main", dependencies=list(cli_dependencies))  # noqa: F821
+    python_distribution(  # noqa: F821
+        name="dist",
+        dependencies=[f":{package}"],
+        provides=provides,
+        entry_points={"console_scripts": {package.replace("_", "-"): f"{package}.cli:main"}},
+    )
