@@ -15,20 +15,23 @@ from transformers import AutoModelForCausalLM
 
 from qnn_common.config import InferConfig, PipelineContext, QuantizeConfig, Stage
 from qnn_common.errors import ConfigValidationError
-from qnn_common.llm import GenerationConfig, method_steps
+from qnn_common.llm import GenerationConfig, method_steps, teacher_forced_logits
 from qnn_common.manifest import load_manifest
+from qnn_common.metrics import sqnr_db
 from qnn_common.recipes import Backend, Recipe
 from qnn_common.stages import (
+    EVAL_INPUTS,
+    PTE,
     InferInput,
     QuantizeInput,
     llm_spec_of,
     program_files,
     rope_of,
 )
-from qnn_common.tensorio import load_program
+from qnn_common.tensorio import load_program, load_samples
 from qnn_infer.api import run_infer
 from qnn_infer.families.causal_lm import load_tokenizer, prompt_ids
-from qnn_infer.generate import generate
+from qnn_infer.generate import PteLm, generate
 from qnn_pipeline.orchestrator import run_pipeline
 from qnn_prepare.smollm2 import save_smollm2
 from qnn_quant.api import run_quantize
@@ -39,11 +42,13 @@ SHAPES = {"max_seq_len": 64, "prefill_len": 16}
 
 
 def _run(
-    out: Path, recipe: str, stop_after: Stage | None = None, weight_sharing: bool = False
+    out: Path, recipe: str, stop_after: Stage | None = None, weight_sharing: bool = False,
+    num_shards: int = 1,
 ) -> dict[str, Any]:
     ctx = PipelineContext.create(
         "tiny-llama", backend="qnn", soc="SM8650", recipe=recipe, out_dir=out,
-        stop_after=stop_after, compile={"weight_sharing": weight_sharing},
+        stop_after=stop_after,
+        compile={"weight_sharing": weight_sharing, "num_shards": num_shards},
         prepare={"kv_cache": True, "calibration_samples": 4, "eval_samples": 8, **SHAPES},
         infer={"generation": {"prompt": "Once upon a time", "max_new_tokens": 8}},
     )
@@ -107,6 +112,40 @@ def test_weight_sharing_stores_the_weights_once_for_a_device_and_the_emulator_is
     with pytest.raises(ConfigValidationError, match="only a device loads"):
         run_infer(InferInput(shared, InferConfig(), out / "infer-shared"))
     assert not (out / "infer-shared").exists()  # refused before anything was written
+
+
+def _teacher_forced(compiled: Path) -> list[torch.Tensor]:
+    """The program's logits on its eval texts, prefill then decode as generation calls them."""
+    manifest = load_manifest(compiled, expect_stage=Stage.COMPILE)
+    spec = llm_spec_of(compiled, manifest)
+    assert spec is not None
+    lm = PteLm(compiled / PTE, spec, rope_of(compiled, manifest))
+    texts = [sample[0] for sample in load_samples(compiled / EVAL_INPUTS)]
+    return teacher_forced_logits(lm.prefill, lm.decode, texts, spec)
+
+
+def test_two_shards_compute_what_one_context_does(out: Path) -> None:
+    """--num-shards 2: each method's decoder in two HTP contexts (a layer each), cut by one
+    CPU identity op per method, chained in the one .pte; the same tokens and logits as the
+    unsharded program (measured identical: the cut hands over the dequantized tensor and the
+    next context quantizes it with the same scale)."""
+    whole = _run(out, "16a4w")
+    split = _run(out, "16a4w", num_shards=2)
+    assert split["generation"]["text"] == whole["generation"]["text"]
+    compiled = load_manifest(_compiled(split), expect_stage=Stage.COMPILE)
+    assert compiled.config["num_shards"] == 2
+    assert compiled.metrics["partitions"] == 4  # two contexts for each of prefill, decode
+    assert compiled.metrics["non_delegated_op_counts"] == {"llama.fallback.default": 2}
+    contexts = compiled.metrics["delegate_bytes"]
+    assert sorted(contexts) == ["decode", "prefill"] and all(len(c) == 2 for c in contexts.values())
+    for a, b in zip(_teacher_forced(_compiled(whole)), _teacher_forced(_compiled(split)),
+                    strict=True):
+        assert sqnr_db(a, b) >= 60
+
+
+def test_more_shards_than_layers_are_refused_before_lowering(out: Path) -> None:
+    with pytest.raises(ConfigValidationError, match="the decoder has 2 layer"):
+        _run(out, "16a4w", stop_after=Stage.COMPILE, num_shards=3)
 
 
 def test_16a8w_keeps_argmax_agreement_with_eager(out: Path) -> None:

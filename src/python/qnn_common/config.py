@@ -313,6 +313,9 @@ class QuantizeConfig:
         return Target(self.backend, self.soc_info)
 
 
+MAX_SHARDS = 64  # more HTP contexts than any decoder has layers to split
+
+
 @dataclass(frozen=True)
 class CompileConfig:
     """Lowering to an ExecuTorch program for one backend (and SoC, for qnn)."""
@@ -328,9 +331,24 @@ class CompileConfig:
     # binary, shared by the methods' graphs (recipes.check_weight_sharing). For a device: the
     # x86 emulator cannot load such a program.
     weight_sharing: bool = False
+    # QNN, a causal LM: its decoder layers split into this many HTP contexts per method, chained
+    # inside the .pte (qnn_compile/shards.py): what keeps each context under the device's limit.
+    num_shards: int = 1
 
     def __post_init__(self) -> None:
         _normalize_enums(self, "compile")
+        if isinstance(self.num_shards, bool) or not isinstance(self.num_shards, int) or not (
+            1 <= self.num_shards <= MAX_SHARDS
+        ):
+            raise ConfigValidationError(
+                "compile.num_shards", self.num_shards, f"must be an integer in 1..{MAX_SHARDS}"
+            )
+        if self.num_shards > 1 and self.backend is not Backend.QNN:
+            raise ConfigValidationError(
+                "compile.num_shards", self.num_shards,
+                f"only the qnn backend splits a program into HTP contexts; {self.backend.value} "
+                "runs it whole: drop --num-shards",
+            )
         if not isinstance(self.weight_sharing, bool):
             raise ConfigValidationError(
                 "compile.weight_sharing", self.weight_sharing, "must be true or false"

@@ -34,12 +34,14 @@ from qnn_common.stages import (
     CompileInput,
     CompileOutput,
     carry_forward,
+    llm_spec_of,
     program_files,
     quantized_for,
 )
 from qnn_common.tensorio import load_program
 from qnn_compile.backends import lowering_for
 from qnn_compile.lower import lower_program
+from qnn_compile.shards import boundaries
 
 PACKAGE = "qnn-compile"
 log = logging.getLogger(__name__)
@@ -85,6 +87,21 @@ def compile_cache_key(inp: CompileInput) -> str:
     return cache_key(Stage.COMPILE, inp.config, _input_digests(inp), code_version(qnn_compile))
 
 
+def _check_shards(source: Path, cfg: CompileConfig, upstream: Manifest | None) -> None:
+    """--num-shards: before any lowering, the program must be a causal LM with at least that
+    many decoder layers (its KV layout records them; shards.ShardLayers checks the graph too)."""
+    if cfg.num_shards == 1:
+        return
+    spec = llm_spec_of(source, upstream) if upstream is not None else None
+    if spec is None or spec.kv_layout is None:
+        raise ConfigValidationError(
+            "compile.num_shards", cfg.num_shards,
+            "sharding splits a causal LM's decoder layers, and this program is not one "
+            "(prepare it with --kv-cache, or --prompt in qnn-pipeline): drop --num-shards",
+        )
+    boundaries(spec.kv_layout.layers, cfg.num_shards)  # refuses more shards than layers
+
+
 def _check_matches_upstream(source: Path, cfg: CompileConfig, upstream: Manifest | None) -> None:
     """The target and recipe compile is told must be the ones the program was quantized for."""
     if upstream is None:  # a bare .pt2: nothing recorded to check against
@@ -112,6 +129,7 @@ def run_compile(inp: CompileInput) -> CompileOutput:
     cfg = inp.config
     program_paths, upstream = _source(inp)
     _check_matches_upstream(inp.source, cfg, upstream)
+    _check_shards(inp.source, cfg, upstream)
     # The backend's lowering is built before any output is written: a missing SDK or an unknown
     # chipset is a clear error with nothing left behind.
     lowering = lowering_for(cfg)
@@ -158,6 +176,9 @@ def run_compile(inp: CompileInput) -> CompileOutput:
             "non_delegated_ops": lowered.non_delegated_ops,
             "partitions": lowered.partitions,
             "non_delegated_op_counts": lowered.op_counts,
+            # Per method, each delegate's payload in call order: for QNN, each HTP context
+            # (several per method with --num-shards).
+            "delegate_bytes": lowered.delegate_bytes,
         },
         extra_tools=lowering.tools,
         # What the .pte runs: the upstream record, or a bare .pt2's one method.

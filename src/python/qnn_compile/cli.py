@@ -43,6 +43,15 @@ def add_weight_sharing_arg(parser: argparse.ArgumentParser) -> None:
                         "only: the x86 HTP emulator cannot load such a program")
 
 
+def add_num_shards_arg(parser: argparse.ArgumentParser) -> None:
+    """--num-shards, shared with qnn-pipeline."""
+    parser.add_argument("--num-shards", type=int, default=None, metavar="N",
+                        help="qnn, causal LMs: split the decoder's layers into N HTP contexts per "
+                        "method (near-equal layer counts; embedding with the first, output head "
+                        "with the last), chained in the one .pte: what keeps each context under "
+                        "a device's limit (about 4 GB). Default: 1")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="qnn-compile",
@@ -61,6 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "size come from the SoC table")
     add_htp_performance_mode_arg(p, default=DEFAULT_HTP_PERFORMANCE_MODE)
     add_weight_sharing_arg(p)
+    add_num_shards_arg(p)
     p.add_argument("--etrecord", action="store_true", help="also write an ETRecord for devtools")
     add_logging_args(p)
     return p
@@ -90,7 +100,8 @@ def _main(argv: Sequence[str] | None) -> int:
     )
     config = CompileConfig(backend=backend, recipe=recipe, soc=args.soc, etrecord=args.etrecord,
                            htp_performance_mode=args.htp_performance_mode,
-                           weight_sharing=bool(args.weight_sharing))
+                           weight_sharing=bool(args.weight_sharing),
+                           num_shards=args.num_shards if args.num_shards is not None else 1)
     from qnn_compile.api import run_compile  # torch is imported only past argument checks
 
     result = run_compile(CompileInput(source=args.source, config=config, out_dir=args.out))

@@ -16,7 +16,7 @@ import logging
 import operator
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +72,8 @@ class LoweredProgram:
     non_delegated_ops: int
     partitions: int
     op_counts: dict[str, int]
+    # Per method, the payload bytes of each delegate in call order (for QNN, each HTP context).
+    delegate_bytes: dict[str, list[int]] = field(default_factory=dict)
 
 
 def lower_program(
@@ -205,16 +207,23 @@ def _lower(
     )
     delegated = partitions = 0
     outside: collections.Counter[str] = collections.Counter()
+    payloads: dict[str, list[int]] = {}
     for method in programs:
-        d, p, o = _count_ops(edge.exported_program(method).graph_module)
+        gm = edge.exported_program(method).graph_module
+        d, p, o = _count_ops(gm)
         delegated, partitions = delegated + d, partitions + p
         outside.update(o)
-    if outside and lowering.expect_full_delegation:
+        payloads[method] = [
+            len(getattr(gm, n.args[0].target).processed_bytes)
+            for n in gm.graph.nodes if n.op == "call_function" and _is_delegate_call(n)
+        ]
+    unexpected = {k: v for k, v in outside.items() if k not in lowering.outside_by_design}
+    if unexpected and lowering.expect_full_delegation:
         said = native.errors()
         log.warning(
             "%s refused %d op(s), which run on the portable CPU kernels instead: %s%s",
-            backend.value, sum(outside.values()),
-            ", ".join(f"{name} x{n}" for name, n in sorted(outside.items())),
+            backend.value, sum(unexpected.values()),
+            ", ".join(f"{name} x{n}" for name, n in sorted(unexpected.items())),
             ("; the backend said:\n  " + "\n  ".join(said[-10:])) if said else "",
         )
 
@@ -247,6 +256,7 @@ def _lower(
         non_delegated_ops=sum(outside.values()),
         partitions=partitions,
         op_counts=dict(sorted(outside.items())),
+        delegate_bytes=payloads,
     )
 
 

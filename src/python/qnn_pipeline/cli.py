@@ -26,7 +26,11 @@ from qnn_common.config import (
 from qnn_common.manifest import MANIFEST_NAME, load_manifest
 from qnn_common.recipes import Backend, EmbeddingWeights, GroupMapping, Recipe
 from qnn_common.soc import soc_names
-from qnn_compile.cli import add_htp_performance_mode_arg, add_weight_sharing_arg
+from qnn_compile.cli import (
+    add_htp_performance_mode_arg,
+    add_num_shards_arg,
+    add_weight_sharing_arg,
+)
 from qnn_infer.cli import (
     accuracy_gate_values,
     add_accuracy_gate_args,
@@ -106,6 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_inputs_arg(p)
     add_htp_performance_mode_arg(p, default=None)
     add_weight_sharing_arg(p)
+    add_num_shards_arg(p)
     add_device_args(p)
     add_accuracy_gate_args(p)
     add_generation_args(p)
@@ -145,7 +150,7 @@ def context_from_args(args: argparse.Namespace) -> PipelineContext:
         "quantize": {"group_size": args.group_size, "group_mapping": args.group_mapping,
                      "embedding_weights": args.embedding_weights},
         "compile": {"htp_performance_mode": args.htp_performance_mode,
-                    "weight_sharing": args.weight_sharing},
+                    "weight_sharing": args.weight_sharing, "num_shards": args.num_shards},
         "infer": {"runs": args.runs, "threads": args.threads, "device": args.device,
                   "inputs_file": args.inputs,
                   "device_runner": None if args.device_runner is None else str(args.device_runner),

@@ -241,6 +241,12 @@ def run_pipeline(ctx: PipelineContext, *, from_artifact: Path | None = None) -> 
             prefill_len=ctx.prepare.prefill_len, prompt=generation.prompt,
             max_new_tokens=generation.max_new_tokens,
         )
+    if first is Stage.PREPARE and ctx.compile.num_shards > 1 and not ctx.prepare.kv_cache:
+        raise ConfigValidationError(
+            "compile.num_shards", ctx.compile.num_shards,
+            "sharding splits a causal LM's decoder layers, exported with its KV cache: add "
+            "--prompt (kv_cache = true under [prepare]), or drop --num-shards",
+        )
     if first is Stage.PREPARE:
         task_for(ctx.prepare)  # a model that names nothing fails here, before --out is touched
     # Only now, the run known to be valid: the previous run's summary must not pass for this

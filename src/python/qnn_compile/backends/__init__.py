@@ -48,6 +48,9 @@ class BackendLowering:
     # An accelerator that should take the whole graph: ops left outside are worth a warning
     # (each one is a round trip to the CPU). XNNPACK leaves some ops out by design.
     expect_full_delegation: bool = False
+    # Ops the lowering itself leaves outside (op_name form, e.g. "llama.fallback.default"): not
+    # warned about, even with expect_full_delegation.
+    outside_by_design: frozenset[str] = frozenset()
 
 
 class LoweringProvider(Protocol):

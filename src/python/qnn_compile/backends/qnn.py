@@ -24,6 +24,7 @@ from qnn_common.errors import ConfigValidationError
 from qnn_common.qnn_sdk import ready_qnn_sdk
 from qnn_common.recipes import Recipe
 from qnn_compile.backends import BackendLowering
+from qnn_compile.shards import FALLBACK_OP, ShardLayers
 
 _POOLS = ("max_pool2d", "max_pool2d_with_indices", "avg_pool2d")
 
@@ -94,7 +95,12 @@ def lowering(config: CompileConfig) -> BackendLowering:
     pass_manager_cls: Any = get_qnn_pass_manager_cls(QnnExecuTorchBackendType.kHtpBackend)
 
     def edge_passes(method: str, ep: Any) -> Any:
-        return pass_manager_cls().get_to_edge_transform_passes(ep, compiler_specs=specs)
+        passes = list(pass_manager_cls().get_to_edge_transform_passes(ep, compiler_specs=specs))
+        if config.num_shards > 1:
+            # After FoldQDQ, as upstream's SplitGraph: each cut carries its input's quant attrs.
+            folded = [i for i, p in enumerate(passes) if type(p).__name__ == "FoldQDQ"]
+            passes.insert(folded[-1] + 1 if folded else len(passes), ShardLayers(config.num_shards))
+        return passes
 
     def export_passes(ep: Any) -> Any:
         # Upstream runs these on the ATen program (LiftConstantScalarOperands and friends) so the
@@ -127,11 +133,14 @@ def lowering(config: CompileConfig) -> BackendLowering:
         ),
         context=context,
         expect_full_delegation=True,
+        # The shards' cuts run on the CPU by design (an identity each).
+        outside_by_design=frozenset({FALLBACK_OP}) if config.num_shards > 1 else frozenset(),
         tools={"qnn": sdk.qnn_version, "qnn_bridge": "yes" if sdk.bridged else "no"},
         record={
             **config.target.record(),
             "htp_performance_mode": config.htp_performance_mode,
             "weight_sharing": config.weight_sharing,
+            "num_shards": config.num_shards,
             "qnn_sdk": sdk.record(),
         },
     )
