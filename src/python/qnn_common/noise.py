@@ -43,7 +43,8 @@ import sys
 import tempfile
 import warnings
 from collections.abc import Iterator
-from typing import TextIO, cast
+from dataclasses import dataclass
+from typing import Any, TextIO, cast
 
 # (logger name, message regex): records logged by that very logger with a matching message.
 LOG_NOISE: tuple[tuple[str, str], ...] = (
@@ -134,42 +135,83 @@ def is_quiet() -> bool:
     return _quiet
 
 
+@dataclass
+class Captured:
+    """What native code wrote to fd 2 inside an `fd2_captured` block, once the block ended."""
+
+    text: str = ""
+
+
+def _stderr_handlers() -> list[logging.StreamHandler[Any]]:
+    """Every configured logging handler that writes to sys.stderr."""
+    loggers = [logging.getLogger(), *(
+        lg for lg in logging.Logger.manager.loggerDict.values() if isinstance(lg, logging.Logger)
+    )]
+    return [
+        h for lg in loggers for h in lg.handlers
+        if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler)
+        and h.stream is sys.stderr
+    ]
+
+
+@contextlib.contextmanager
+def fd2_captured() -> Iterator[Captured | None]:
+    """Send file descriptor 2 to a temporary file while the block runs; yield a `Captured` whose
+    text is what was written, once the block ends (None, capturing nothing, without a real
+    stderr: embedded, or captured by a test runner).
+
+    Python cannot intercept what C++ writes to the descriptor, hence the file. The logging
+    handlers that write to sys.stderr (our own progress lines) write to a copy of the real
+    stderr meanwhile, so they appear as they happen rather than after the block.
+    """
+    try:
+        stderr_fd = sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):
+        yield None
+        return
+    sys.stderr.flush()
+    saved = os.dup(stderr_fd)
+    real = os.fdopen(os.dup(saved), "w", buffering=1, encoding="utf-8", errors="replace")
+    moved = [(h, h.setStream(real)) for h in _stderr_handlers()]
+    captured = Captured()
+    with tempfile.TemporaryFile() as tmp:
+        os.dup2(tmp.fileno(), stderr_fd)
+        try:
+            yield captured
+        finally:
+            sys.stderr.flush()
+            for handler, stream in moved:
+                handler.setStream(stream)
+            real.close()
+            os.dup2(saved, stderr_fd)
+            os.close(saved)
+            tmp.seek(0)
+            captured.text = tmp.read().decode("utf-8", "replace")
+
+
 @contextlib.contextmanager
 def native_noise_filtered() -> Iterator[None]:
-    """Drop the `NATIVE_NOISE` lines native code writes to fd 2 while the block runs.
+    """Drop the `NATIVE_NOISE` lines native code writes to fd 2 while the block runs; the rest
+    is written through afterwards, in order.
 
-    Python cannot intercept what C++ writes to the file descriptor, so fd 2 goes to a temporary
-    file for the duration and everything else in it is written through afterwards, in order.
     Does nothing unless `quiet_third_party` is in force (so library callers and -v see it all),
     or when there is no real stderr.
     """
     if not _quiet or not _filter_native:
         yield
         return
+    captured = None
     try:
-        stderr_fd = sys.stderr.fileno()
-    except (AttributeError, OSError, ValueError):  # no real stderr (embedded, captured)
-        yield
-        return
-    sys.stderr.flush()
-    saved = os.dup(stderr_fd)
-    with tempfile.TemporaryFile() as tmp:
-        os.dup2(tmp.fileno(), stderr_fd)
-        try:
+        with fd2_captured() as captured:
             yield
-        finally:
+    finally:  # what the block wrote goes through even if it raised
+        kept = [
+            line for line in (captured.text if captured else "").splitlines(keepends=True)
+            if not any(p.search(line) for p in NATIVE_NOISE)
+        ]
+        if kept:
+            sys.stderr.write("".join(kept))
             sys.stderr.flush()
-            os.dup2(saved, stderr_fd)
-            os.close(saved)
-            tmp.seek(0)
-            kept = [
-                line
-                for line in tmp.read().decode("utf-8", "replace").splitlines(keepends=True)
-                if not any(p.search(line) for p in NATIVE_NOISE)
-            ]
-            if kept:
-                sys.stderr.write("".join(kept))
-                sys.stderr.flush()
 
 
 class _DropPrinted(io.TextIOBase):

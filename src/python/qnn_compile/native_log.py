@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import re
 import sys
-import tempfile
 from collections.abc import Iterator
-from typing import Any
+
+from qnn_common.noise import fd2_captured
 
 log = logging.getLogger(__name__)
 
@@ -51,18 +50,6 @@ class _Keep(logging.Handler):
             log.debug("%s", line)
 
 
-def _stderr_handlers() -> list[logging.StreamHandler[Any]]:
-    """Every configured logging handler that writes to sys.stderr."""
-    loggers = [logging.getLogger(), *(
-        lg for lg in logging.Logger.manager.loggerDict.values() if isinstance(lg, logging.Logger)
-    )]
-    return [
-        h for lg in loggers for h in lg.handlers
-        if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler)
-        and h.stream is sys.stderr
-    ]
-
-
 class NativeLog:
     """Lines native code wrote to stderr inside `capture()` blocks, sorted by what they mean."""
 
@@ -71,38 +58,23 @@ class NativeLog:
 
     @contextlib.contextmanager
     def capture(self) -> Iterator[None]:
-        """Redirect fd 2 to a temporary file while the block runs, then sort what was written."""
-        try:
-            stderr_fd = sys.stderr.fileno()
-        except (AttributeError, OSError, ValueError):  # no real stderr (embedded, some runners)
-            yield
-            return
-        sys.stderr.flush()
-        saved = os.dup(stderr_fd)
+        """Redirect fd 2 to a temporary file while the block runs (qnn_common.noise
+        .fd2_captured: our own log lines still reach the terminal as they are written), hold
+        ExecuTorch's Python loggers the same way, then sort what was written."""
         upstream = logging.getLogger("executorch")
         handler = _Keep(self.lines)
         was_propagating = upstream.propagate
         upstream.addHandler(handler)
         upstream.propagate = False
-        # Our own log lines (a long lowering's progress) still reach the terminal as they are
-        # written: handlers writing to stderr write to a copy of the real one meanwhile.
-        real = os.fdopen(os.dup(saved), "w", buffering=1, encoding="utf-8", errors="replace")
-        moved = [(h, h.setStream(real)) for h in _stderr_handlers()]
-        with tempfile.TemporaryFile() as tmp:
-            os.dup2(tmp.fileno(), stderr_fd)
-            try:
+        captured = None
+        try:
+            with fd2_captured() as captured:
                 yield
-            finally:
-                sys.stderr.flush()
-                for h, stream in moved:
-                    h.setStream(stream)
-                real.close()
-                os.dup2(saved, stderr_fd)
-                os.close(saved)
-                upstream.removeHandler(handler)
-                upstream.propagate = was_propagating
-                tmp.seek(0)
-                self._absorb(tmp.read().decode("utf-8", "replace"))
+        finally:
+            upstream.removeHandler(handler)
+            upstream.propagate = was_propagating
+            if captured is not None:
+                self._absorb(captured.text)
 
     def _absorb(self, text: str) -> None:
         passthrough = []
