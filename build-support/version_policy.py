@@ -357,8 +357,8 @@ def main(argv: list[str] | None = None) -> int:
     for error in errors:
         print(f"version-policy: ERROR {error}", file=sys.stderr)
     if errors:
-        print(f"version-policy: {len(errors)} violation(s); see docs/packaging.md, 'Versions and releases'",
-              file=sys.stderr)
+        print(f"version-policy: {len(errors)} violation(s); see docs/packaging.md, "
+              "'Versions and releases'", file=sys.stderr)
         return 1
     print(f"version-policy: ok ({len(notes)} package(s))")
     return 0

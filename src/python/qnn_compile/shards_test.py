@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
@@ -15,7 +17,7 @@ def test_shards_differ_by_at_most_one_layer(layers: int, shards: int) -> None:
     if shards > layers:
         return
     starts = [0, *boundaries(layers, shards), layers]
-    sizes = [b - a for a, b in zip(starts, starts[1:], strict=False)]
+    sizes = [b - a for a, b in itertools.pairwise(starts)]
     assert len(sizes) == shards and sum(sizes) == layers
     assert max(sizes) - min(sizes) <= 1, sizes
 
