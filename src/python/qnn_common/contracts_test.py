@@ -12,10 +12,10 @@ import sys
 
 import pytest
 
-from qnn_common import config, errors, gates, llm, llm_spec, manifest, recipes, soc, target
+from qnn_common import config, errors, gates, llm, llm_spec, manifest, recipes, reports, soc, target
 
 CONTRACTS = tuple(
-    m.__name__ for m in (errors, soc, recipes, target, gates, manifest, llm_spec, config)
+    m.__name__ for m in (errors, soc, recipes, target, gates, manifest, llm_spec, config, reports)
 )
 HEAVY = ("torch", "numpy", "executorch", "torchao", "transformers", "onnxruntime")
 

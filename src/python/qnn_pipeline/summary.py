@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -19,6 +18,7 @@ from typing import Any, Literal
 from qnn_common.config import PipelineContext, Stage
 from qnn_common.errors import ArtifactError
 from qnn_common.manifest import Manifest, atomic_write_text
+from qnn_common.reports import Comparison, CompileReport, InferReport, QuantizeReport
 
 SUMMARY_NAME = "summary.json"
 Status = Literal["ran", "cached", "skipped"]
@@ -81,25 +81,19 @@ def build_summary(
     ctx: PipelineContext, records: list[StageRecord], manifests: dict[Stage, Manifest]
 ) -> dict[str, Any]:
     """The run at a glance; the keys are a stable contract for scripts and CI dashboards."""
-
-    def metric(stage: Stage, *path: str) -> Any:
-        value: Any = manifests[stage].metrics if stage in manifests else None
-        for key in path:
-            value = value.get(key) if isinstance(value, dict) else None
-        return value
-
+    quantized = QuantizeReport.of(manifests.get(Stage.QUANTIZE))
+    compiled = CompileReport.of(manifests.get(Stage.COMPILE))
+    run = InferReport.of(manifests.get(Stage.INFER))
+    vs_fp32, vs_fake_quant = run.vs_fp32 or Comparison(), run.vs_fake_quant or Comparison()
     # A bare .pte (--from X.pte) records no recipe: label it with what the program holds, not
     # with the context's defaults (which would call any program "xnnpack, fp32").
-    infer = manifests.get(Stage.INFER)
-    bare = infer is not None and "pte" in infer.inputs
-    delegates = infer.metrics.get("delegates") if infer is not None else None
+    bare = run.bare_pte and run.delegates is not None
     return {
         "model": ctx.prepare.model,
-        "backend": ("+".join(delegates) or "portable") if bare and delegates is not None
-        else ctx.backend.value,
-        "recipe": None if bare else ctx.recipe.value,
+        "backend": ("+".join(run.delegates or []) or "portable") if bare else ctx.backend.value,
+        "recipe": None if run.bare_pte else ctx.recipe.value,
         "soc": ctx.soc,
-        "target": metric(Stage.COMPILE, "target"),
+        "target": compiled.target,
         "stages": [
             {
                 "name": r.stage.value,
@@ -110,50 +104,44 @@ def build_summary(
             for r in records
         ],
         "accuracy": {
-            "sqnr_db_vs_fp32": metric(Stage.INFER, "accuracy", "vs_fp32", "sqnr_db"),
-            "cosine_vs_fp32": metric(Stage.INFER, "accuracy", "vs_fp32", "cosine"),
-            "sqnr_db_vs_fake_quant": metric(Stage.INFER, "accuracy", "vs_fake_quant", "sqnr_db"),
-            "fake_quant_sqnr_db_vs_fp32": metric(Stage.QUANTIZE, "accuracy", "vs_fp32", "sqnr_db"),
+            "sqnr_db_vs_fp32": vs_fp32.sqnr_db,
+            "cosine_vs_fp32": vs_fp32.cosine,
+            "sqnr_db_vs_fake_quant": vs_fake_quant.sqnr_db,
+            "fake_quant_sqnr_db_vs_fp32": (quantized.vs_fp32 or Comparison()).sqnr_db,
             # The infer gates' verdict: true / false, null when nothing was judged (no infer,
             # no reference for the inputs, or gates off).
-            "ok": metric(Stage.INFER, "accuracy_gates", "ok"),
-            "gates": metric(Stage.INFER, "accuracy_gates", "gates"),
-            "failures": metric(Stage.INFER, "accuracy_gates", "failures") or [],
+            "ok": run.verdict.ok,
+            "gates": run.verdict.gates,
+            "failures": run.verdict.failures,
         },
-        "worst_layers": (metric(Stage.QUANTIZE, "accuracy", "worst_layers") or [])[:3],
-        "latency_ms": {
-            "p50": metric(Stage.INFER, "latency_ms", "p50"),
-            "p90": metric(Stage.INFER, "latency_ms", "p90"),
-        },
+        "worst_layers": quantized.worst_layers[:3],
+        "latency_ms": {"p50": run.latency_ms.get("p50"), "p90": run.latency_ms.get("p90")},
         # Compute ops that read a dequantized tensor, in all and by ATen op (e.g. {"linear": 36,
         # "add": 12}): what the recipe really quantized (null for a float program).
-        "quantized_ops": metric(Stage.QUANTIZE, "quantized_ops"),
-        "quantized_op_kinds": metric(Stage.QUANTIZE, "quantized_op_kinds"),
+        "quantized_ops": quantized.quantized_ops,
+        "quantized_op_kinds": quantized.quantized_op_kinds,
         # Of those, ops whose activation scale is chosen at run time (qnn_quant.layers).
-        "dynamic_ops": metric(Stage.QUANTIZE, "dynamic_ops"),
-        "pte_bytes": metric(Stage.COMPILE, "pte_bytes"),
-        "delegated_ops": metric(Stage.COMPILE, "delegated_ops"),
-        "non_delegated_ops": metric(Stage.COMPILE, "non_delegated_ops"),
-        **_generation_summary(metric),
+        "dynamic_ops": quantized.dynamic_ops,
+        "pte_bytes": compiled.pte_bytes,
+        "delegated_ops": compiled.delegated_ops,
+        "non_delegated_ops": compiled.non_delegated_ops,
+        **_generation_summary(run, vs_fp32),
     }
 
 
-def _generation_summary(metric: Callable[..., Any]) -> dict[str, Any]:
+def _generation_summary(run: InferReport, vs_fp32: Comparison) -> dict[str, Any]:
     """A causal LM's generation and its teacher-forced agreement with the eager HF model."""
-    generation = metric(Stage.INFER, "generation")
-    if not isinstance(generation, dict):
+    if run.generation is None:
         return {}
     return {
         "generation": {
-            **{k: generation.get(k) for k in (
+            **{k: run.generation.get(k) for k in (
                 "text", "new_tokens", "ttft_ms", "prefill_tokens_per_s", "decode_tokens_per_s",
             )},
-            "argmax_agreement_vs_eager": metric(
-                Stage.INFER, "accuracy", "vs_fp32", "argmax_agreement"
-            ),
-            "sqnr_db_vs_eager": metric(Stage.INFER, "accuracy", "vs_fp32", "sqnr_db"),
+            "argmax_agreement_vs_eager": vs_fp32.argmax_agreement,
+            "sqnr_db_vs_eager": vs_fp32.sqnr_db,
             # Of the held-out eval texts: eager fp32, fake quant (if quantized), the program.
-            "perplexity": metric(Stage.INFER, "accuracy", "perplexity"),
+            "perplexity": run.perplexity,
         }
     }
 
