@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from qnn_common.config import PipelineContext, Stage
-from qnn_common.errors import ConfigValidationError
+from qnn_common.errors import ConfigValidationError, InputError
 from qnn_common.stages import CALIBRATION, EVAL_INPUTS
 from qnn_common.tensorio import ModelInputs, load_inputs
 from qnn_pipeline.orchestrator import run_pipeline
@@ -90,7 +90,7 @@ def test_the_pte_takes_every_leaf_constants_included(tmp_path: Path) -> None:
     assert runner.input_specs[1] is None and runner.input_specs[2] is None  # not tensors
     assert runner.run(example.leaves())[0].shape == (16, 16)
     tensors_only = tuple(v for v in example.leaves() if isinstance(v, torch.Tensor))
-    with pytest.raises(ConfigValidationError, match="pytree leaves of its"):
+    with pytest.raises(InputError, match="pytree leaves of its"):
         runner.run(tensors_only)
 
 
