@@ -31,6 +31,7 @@ from qnn_common.metrics import sqnr_db
 from qnn_common.stages import EVAL_INPUTS, PTE, llm_spec_of, rope_of
 from qnn_common.tensorio import load_samples
 from qnn_infer.generate import PteLm
+from qnn_infer.runtimes import delegates_in, prepare_runtime
 from qnn_prepare.smollm2 import SMOLLM2, save_smollm2
 
 PROMPT = "The capital of France is"
@@ -40,6 +41,7 @@ def _logits(compiled: Path) -> list[torch.Tensor]:
     manifest = load_manifest(compiled)
     spec = llm_spec_of(compiled, manifest)
     assert spec is not None, f"{compiled} is not a causal LM"
+    prepare_runtime(delegates_in(compiled / PTE))  # the QNN SDK, before the program loads
     lm = PteLm(compiled / PTE, spec, rope_of(compiled, manifest))
     texts = [sample[0] for sample in load_samples(compiled / EVAL_INPUTS)]
     return teacher_forced_logits(lm.prefill, lm.decode, texts, spec)

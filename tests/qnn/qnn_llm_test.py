@@ -32,6 +32,7 @@ from qnn_common.tensorio import load_program, load_samples
 from qnn_infer.api import run_infer
 from qnn_infer.families.causal_lm import load_tokenizer, prompt_ids
 from qnn_infer.generate import PteLm, generate
+from qnn_infer.runtimes import delegates_in, prepare_runtime
 from qnn_pipeline.orchestrator import run_pipeline
 from qnn_prepare.smollm2 import save_smollm2
 from qnn_quant.api import run_quantize
@@ -119,6 +120,7 @@ def _teacher_forced(compiled: Path) -> list[torch.Tensor]:
     manifest = load_manifest(compiled, expect_stage=Stage.COMPILE)
     spec = llm_spec_of(compiled, manifest)
     assert spec is not None
+    prepare_runtime(delegates_in(compiled / PTE))  # the QNN SDK, before the program loads
     lm = PteLm(compiled / PTE, spec, rope_of(compiled, manifest))
     texts = [sample[0] for sample in load_samples(compiled / EVAL_INPUTS)]
     return teacher_forced_logits(lm.prefill, lm.decode, texts, spec)
