@@ -145,16 +145,23 @@ class PrepareConfig:
     """What to load and how to sample it."""
 
     model: str
+    # Tokens per sample for text models (a causal LM's calibration and eval windows too).
     seq_len: int = 128
+    # Samples that calibrate the quantizer's observers.
     calibration_samples: int = 16
+    # Held-out samples (never calibration ones) that judge accuracy; the first is the example.
     eval_samples: int = 4
+    # Calibration data of your own: a text file (one sample per line) or a .pt of input tuples.
     calibration_file: Path | None = None
+    # Seeds torch for export, sampling and the built-in models' weights.
     seed: int = DEFAULT_SEED
     # Causal LMs only: export `prefill` + `decode` methods over a static KV cache (the program
     # generates), with this context length (None: min(512, max_position_embeddings)) and prefill
     # chunk (None: min(32, max_seq_len // 2)).
     kv_cache: bool = False
+    # With kv_cache: the context length (the cache's size).
     max_seq_len: int | None = None
+    # With kv_cache: tokens per prefill call.
     prefill_len: int | None = None
     # With kv_cache: keep the cache outside the program, as the methods' inputs and outputs (for
     # backends without mutable buffers: QNN). The pipeline sets it from the backend.
@@ -210,6 +217,7 @@ class QuantizeConfig:
     backend: Backend = Backend.XNNPACK
     recipe: Recipe = Recipe.A8W8
     soc: str | None = None
+    # Weights with one scale per output channel (False: one per tensor).
     per_channel: bool = True
     # 16a4w_block (LPBQ) only: weights share a scale in blocks of this many input channels.
     block_size: int = DEFAULT_LPBQ_BLOCK
@@ -222,6 +230,7 @@ class QuantizeConfig:
     int8_weights: tuple[str, ...] | None = None
     # 8da4w only: how embedding tables are stored (qnn_common.recipes.EmbeddingWeights).
     embedding_weights: EmbeddingWeights = DEFAULT_EMBEDDING_WEIGHTS
+    # The worst layers (by SQNR vs fp32) to report; 0 skips the per-layer pass.
     report_layers: int = 10
     # Regexes over nn.Module paths of layers to leave in float. None: the default
     # (qnn_quant.layers: BERT-style outlier layers at 8-bit activations); () quantizes everything.
@@ -323,6 +332,7 @@ class CompileConfig:
     backend: Backend = Backend.XNNPACK
     recipe: Recipe = Recipe.FP32
     soc: str | None = None
+    # Write ExecuTorch's ETRecord beside the .pte (for devtools' Inspector).
     etrecord: bool = False
     # QNN HTP only: the power / clock vote the context binary is built with (burst = upstream's
     # default for benchmarks). It is recorded in the program, so it is part of the cache key.
@@ -390,9 +400,13 @@ class InferConfig:
     them with `gates_for`. `accuracy_gates=False` keeps reporting the numbers but checks none.
     """
 
+    # Untimed runs before the timed ones.
     warmup: int = 3
+    # Timed runs (latency p50 / p90 over them).
     runs: int = 20
+    # A .pt of inputs to run instead of the eval inputs (a bare .pte needs one).
     inputs_file: Path | None = None
+    # Write ExecuTorch's ETDump of the runs (needs a runtime built with event tracing).
     etdump: bool = False
     # CPU threads of the runtime's threadpool (XNNPACK's kernels run on it); None: every core
     # this process may use.
@@ -400,12 +414,20 @@ class InferConfig:
     # Run on an Android device over adb instead of the host: its serial, or "auto" for the only
     # connected one; `device_runner` is the executor runner built for Android (arm64).
     device: str | None = None
+    # With device: the executor runner binary built for Android arm64.
     device_runner: Path | None = None
+    # Accuracy gates (None: the default for the program's recipe, `qnn-infer --help`): the
+    # lowest SQNR of the outputs vs the fp32 reference,
     min_sqnr_db_vs_fp32: float | None = None
+    # the lowest cosine vs the fp32 reference,
     min_cosine_vs_fp32: float | None = None
+    # the lowest SQNR vs the fake-quantized model's outputs,
     min_sqnr_db_vs_fake_quant: float | None = None
+    # the lowest cosine vs the fake-quantized model's outputs.
     min_cosine_vs_fake_quant: float | None = None
+    # Causal LMs: the highest program / fake-quant perplexity ratio of the held-out text.
     max_perplexity_vs_fake_quant: float | None = None
+    # False: report the accuracy, judge no gate.
     accuracy_gates: bool = True
     # Causal-LM programs (prefill + decode): what to generate after the teacher-forced check.
     # None: the default prompt and settings of `GenerationConfig`.
