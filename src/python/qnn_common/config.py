@@ -40,7 +40,7 @@ import typing
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from qnn_common.errors import ConfigValidationError
 from qnn_common.gates import AccuracyGates, check_gate, default_accuracy_gates
@@ -343,17 +343,21 @@ class CompileConfig:
     weight_sharing: bool = False
     # QNN, a causal LM: its decoder layers split into this many HTP contexts per method, chained
     # inside the .pte (qnn_compile/shards.py): what keeps each context under the device's limit.
-    num_shards: int = 1
+    # "auto": the fewest whose estimated sizes fit (qnn_compile/shard_sizes.py).
+    num_shards: int | Literal["auto"] = 1
 
     def __post_init__(self) -> None:
         _normalize_enums(self, "compile")
-        if isinstance(self.num_shards, bool) or not isinstance(self.num_shards, int) or not (
-            1 <= self.num_shards <= MAX_SHARDS
-        ):
+        sharded = self.num_shards == "auto" or (
+            not isinstance(self.num_shards, bool) and isinstance(self.num_shards, int)
+            and 1 <= self.num_shards <= MAX_SHARDS
+        )
+        if not sharded:
             raise ConfigValidationError(
-                "compile.num_shards", self.num_shards, f"must be an integer in 1..{MAX_SHARDS}"
+                "compile.num_shards", self.num_shards,
+                f'must be an integer in 1..{MAX_SHARDS}, or "auto"',
             )
-        if self.num_shards > 1 and self.backend is not Backend.QNN:
+        if self.num_shards != 1 and self.backend is not Backend.QNN:
             raise ConfigValidationError(
                 "compile.num_shards", self.num_shards,
                 f"only the qnn backend splits a program into HTP contexts; {self.backend.value} "
@@ -716,7 +720,23 @@ def _coerce(tp: Any, value: Any, path: str) -> Any:
         args = [a for a in typing.get_args(tp) if a is not type(None)]
         if value is None:
             return None
-        return _coerce(args[0], value, path)
+        # The first member that takes the value (`int | Literal["auto"]`); else the first's error.
+        errors: list[ConfigValidationError] = []
+        for arg in args:
+            try:
+                return _coerce(arg, value, path)
+            except ConfigValidationError as err:
+                errors.append(err)
+        named = [a for err in errors[1:] for a in err.allowed or ()]
+        if not named:
+            raise errors[0]
+        raise ConfigValidationError(path, value, f"{errors[0].reason}, or one of: "
+                                    + ", ".join(repr(a) for a in named))
+    if origin is typing.Literal:
+        allowed = typing.get_args(tp)
+        if value not in allowed:
+            raise ConfigValidationError(path, value, "is not allowed", tuple(map(str, allowed)))
+        return value
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
         if isinstance(value, tp):
             return value

@@ -773,3 +773,18 @@ def test_a_generation_section_implies_the_kv_cache_export_as_the_prompt_flag_doe
     # Said outright, it stands.
     plain = PipelineContext.create("tiny-llama", prepare={"kv_cache": False})
     assert not plain.prepare.kv_cache
+
+
+def test_num_shards_takes_a_number_or_auto_on_qnn_only() -> None:
+    def qnn(shards: object) -> PipelineContext:
+        return PipelineContext.create("tiny-llama", backend="qnn", soc="SM8650", recipe="16a8w",
+                                      compile={"num_shards": shards})
+
+    assert qnn("auto").compile.num_shards == "auto"
+    assert qnn(3).compile.num_shards == 3
+    with pytest.raises(ConfigValidationError, match="must be an integer, or one of: 'auto'"):
+        qnn("many")
+    with pytest.raises(ConfigValidationError, match=r"1\.\.64"):
+        qnn(0)
+    with pytest.raises(ConfigValidationError, match="only the qnn backend splits"):
+        PipelineContext.create("tiny-llama", compile={"num_shards": 2})

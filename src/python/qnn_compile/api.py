@@ -6,6 +6,7 @@ The source is a prepare or quantize artifact directory, or any `.pt2` written by
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from pathlib import Path
@@ -41,6 +42,7 @@ from qnn_common.stages import (
 from qnn_common.tensorio import load_program
 from qnn_compile.backends import lowering_for
 from qnn_compile.lower import lower_program
+from qnn_compile.shard_sizes import plan_shards
 from qnn_compile.shards import boundaries
 
 PACKAGE = "qnn-compile"
@@ -87,11 +89,12 @@ def compile_cache_key(inp: CompileInput) -> str:
     return cache_key(Stage.COMPILE, inp.config, _input_digests(inp), code_version(qnn_compile))
 
 
-def _check_shards(source: Path, cfg: CompileConfig, upstream: Manifest | None) -> None:
+def _check_shards(source: Path, cfg: CompileConfig, upstream: Manifest | None) -> int | None:
     """--num-shards: before any lowering, the program must be a causal LM with at least that
-    many decoder layers (its KV layout records them; shards.ShardLayers checks the graph too)."""
+    many decoder layers (its KV layout records them; shards.ShardLayers checks the graph too).
+    Returns the layer count, or None when not sharding."""
     if cfg.num_shards == 1:
-        return
+        return None
     spec = llm_spec_of(source, upstream) if upstream is not None else None
     if spec is None or spec.kv_layout is None:
         raise ConfigValidationError(
@@ -99,7 +102,9 @@ def _check_shards(source: Path, cfg: CompileConfig, upstream: Manifest | None) -
             "sharding splits a causal LM's decoder layers, and this program is not one "
             "(prepare it with --kv-cache, or --prompt in qnn-pipeline): drop --num-shards",
         )
-    boundaries(spec.kv_layout.layers, cfg.num_shards)  # refuses more shards than layers
+    if isinstance(cfg.num_shards, int):
+        boundaries(spec.kv_layout.layers, cfg.num_shards)  # refuses more shards than layers
+    return spec.kv_layout.layers
 
 
 def _check_matches_upstream(source: Path, cfg: CompileConfig, upstream: Manifest | None) -> None:
@@ -129,12 +134,17 @@ def run_compile(inp: CompileInput) -> CompileOutput:
     cfg = inp.config
     program_paths, upstream = _source(inp)
     _check_matches_upstream(inp.source, cfg, upstream)
-    _check_shards(inp.source, cfg, upstream)
+    layers = _check_shards(inp.source, cfg, upstream)
     # The backend's lowering is built before any output is written: a missing SDK or an unknown
     # chipset is a clear error with nothing left behind.
     lowering = lowering_for(cfg)
     digests = _input_digests(inp)
     programs = {m: load_program(path, inp.programs.get(m)) for m, path in program_paths.items()}
+    shards = None
+    if layers is not None:  # sharded: how many contexts, from the program, before lowering
+        shards = plan_shards(cfg.num_shards, cfg.recipe, next(iter(programs.values())), layers,
+                             len(programs))
+        lowering = lowering_for(dataclasses.replace(cfg, num_shards=shards.count))
     if cfg.weight_sharing and len(programs) == 1:
         raise ConfigValidationError(
             "compile.weight_sharing", True,
@@ -179,6 +189,8 @@ def run_compile(inp: CompileInput) -> CompileOutput:
             # Per method, each delegate's payload in call order: for QNN, each HTP context
             # (several per method with --num-shards).
             "delegate_bytes": lowered.delegate_bytes,
+            # --num-shards: the count lowered with, each shard's estimate beside its measure.
+            **({"shards": shards.to_json(lowered.delegate_bytes)} if shards else {}),
         },
         extra_tools=lowering.tools,
         # What the .pte runs: the upstream record, or a bare .pt2's one method.

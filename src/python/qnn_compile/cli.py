@@ -45,11 +45,21 @@ def add_weight_sharing_arg(parser: argparse.ArgumentParser) -> None:
 
 def add_num_shards_arg(parser: argparse.ArgumentParser) -> None:
     """--num-shards, shared with qnn-pipeline."""
-    parser.add_argument("--num-shards", type=int, default=None, metavar="N",
+    parser.add_argument("--num-shards", type=_shards, default=None, metavar="N|auto",
                         help="qnn, causal LMs: split the decoder's layers into N HTP contexts per "
                         "method (near-equal layer counts; embedding with the first, output head "
                         "with the last), chained in the one .pte: what keeps each context under "
-                        "a device's limit (about 4 GB). Default: 1")
+                        "a device's limit (about 4 GB). auto: the fewest whose estimated sizes "
+                        "fit, printed before compiling. Default: 1")
+
+
+def _shards(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of shards or 'auto'") from None
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -241,7 +241,7 @@ def run_pipeline(ctx: PipelineContext, *, from_artifact: Path | None = None) -> 
             prefill_len=ctx.prepare.prefill_len, prompt=generation.prompt,
             max_new_tokens=generation.max_new_tokens,
         )
-    if first is Stage.PREPARE and ctx.compile.num_shards > 1 and not ctx.prepare.kv_cache:
+    if first is Stage.PREPARE and ctx.compile.num_shards != 1 and not ctx.prepare.kv_cache:
         raise ConfigValidationError(
             "compile.num_shards", ctx.compile.num_shards,
             "sharding splits a causal LM's decoder layers, exported with its KV cache: add "

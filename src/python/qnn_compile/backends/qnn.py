@@ -51,7 +51,12 @@ def explicit_pool_strides(ep: ExportedProgram) -> ExportedProgram:
 
 
 def lowering(config: CompileConfig) -> BackendLowering:
-    """HTP lowering for `config.target.soc` at `config.recipe` (fp16 or a quantized recipe)."""
+    """HTP lowering for `config.target.soc` at `config.recipe` (fp16 or a quantized recipe).
+
+    `config.num_shards` must be resolved to a number here (compile resolves "auto" from the
+    program: qnn_compile/shard_sizes.py); before that, the lowering is built as for one shard.
+    """
+    shards = config.num_shards if isinstance(config.num_shards, int) else 1
     soc = config.target.soc
     assert soc is not None  # Target guarantees a SoC for qnn
     sdk = ready_qnn_sdk()
@@ -96,10 +101,10 @@ def lowering(config: CompileConfig) -> BackendLowering:
 
     def edge_passes(method: str, ep: Any) -> Any:
         passes = list(pass_manager_cls().get_to_edge_transform_passes(ep, compiler_specs=specs))
-        if config.num_shards > 1:
+        if shards > 1:
             # After FoldQDQ, as upstream's SplitGraph: each cut carries its input's quant attrs.
             folded = [i for i, p in enumerate(passes) if type(p).__name__ == "FoldQDQ"]
-            passes.insert(folded[-1] + 1 if folded else len(passes), ShardLayers(config.num_shards))
+            passes.insert(folded[-1] + 1 if folded else len(passes), ShardLayers(shards))
         return passes
 
     def export_passes(ep: Any) -> Any:
@@ -134,13 +139,13 @@ def lowering(config: CompileConfig) -> BackendLowering:
         context=context,
         expect_full_delegation=True,
         # The shards' cuts run on the CPU by design (an identity each).
-        outside_by_design=frozenset({FALLBACK_OP}) if config.num_shards > 1 else frozenset(),
+        outside_by_design=frozenset({FALLBACK_OP}) if shards > 1 else frozenset(),
         tools={"qnn": sdk.qnn_version, "qnn_bridge": "yes" if sdk.bridged else "no"},
         record={
             **config.target.record(),
             "htp_performance_mode": config.htp_performance_mode,
             "weight_sharing": config.weight_sharing,
-            "num_shards": config.num_shards,
+            "num_shards": shards,
             "qnn_sdk": sdk.record(),
         },
     )
