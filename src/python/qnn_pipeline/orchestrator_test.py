@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from qnn_common.config import PipelineContext, Stage
 from qnn_common.errors import ArtifactError, ConfigValidationError, PipelineError
-from qnn_common.manifest import write_manifest
+from qnn_common.manifest import Manifest, cache_key, write_manifest
 from qnn_common.recipes import Backend, Recipe
+from qnn_pipeline import orchestrator
 from qnn_pipeline import summary as summary_module
 from qnn_pipeline.cli import main
-from qnn_pipeline.orchestrator import run_pipeline, start_of
+from qnn_pipeline.orchestrator import Artifact, StageRunner, run_pipeline, start_of
 from qnn_pipeline.summary import StageRecord, build_summary, format_summary
 
 
@@ -118,3 +120,49 @@ def test_a_summary_removed_by_another_run_meanwhile_is_no_error(
     monkeypatch.setattr(summary_module, "is_our_summary", lambda path: False)
     with pytest.raises(ArtifactError, match="not a summary this pipeline wrote"):
         summary_module.remove_previous_summary(summary)
+
+
+class _Sealed:
+    def __init__(self, manifest: Manifest) -> None:
+        self.manifest = manifest
+
+
+def _stand_in(stage: Stage, ran: list[tuple[Stage, str | None]]) -> StageRunner[Any]:
+    """A stage that seals a one-file artifact keyed by its upstream's directory name."""
+
+    def make_input(ctx: PipelineContext, source: Artifact | None, out: Path) -> Any:
+        return (None if source is None else source.path.name, out)
+
+    def key(inp: Any) -> str:
+        return cache_key(stage, {"upstream": inp[0]}, {}, "0")
+
+    def run(inp: Any) -> _Sealed:
+        upstream, out = inp
+        ran.append((stage, upstream))
+        out.mkdir(parents=True)
+        (out / "x.bin").write_bytes(stage.value.encode())
+        return _Sealed(write_manifest(out, stage=stage, package="t", package_version="0",
+                                      config={"upstream": upstream}, inputs={}, files=["x.bin"],
+                                      cache_key=key(inp)))
+
+    return StageRunner(make_input, key, run)
+
+
+def test_run_pipeline_drives_stand_in_stages_in_order_and_caches_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The orchestration alone, with stand-in stages: each gets the previous one's artifact,
+    the summary lists them, and a rerun finds every one cached."""
+    ran: list[tuple[Stage, str | None]] = []
+    monkeypatch.setattr(orchestrator, "_RUNNERS", {s: _stand_in(s, ran) for s in Stage})
+    # (Compile's cache check also reads the target from the manifest: stop before it.)
+    ctx = PipelineContext.create("tiny-cnn", out_dir=tmp_path, stop_after=Stage.QUANTIZE)
+    first = run_pipeline(ctx)
+    prepared = first.records[0].artifact
+    assert prepared is not None
+    assert ran == [(Stage.PREPARE, None), (Stage.QUANTIZE, prepared.name)]  # prepare's output
+    assert [r.status for r in first.records] == ["ran", "ran", "skipped", "skipped"]
+    assert first.gate_failure is None and first.summary["stages"][1]["status"] == "ran"
+    ran.clear()
+    again = run_pipeline(ctx)
+    assert ran == [] and [r.status for r in again.records][:2] == ["cached"] * 2
