@@ -119,15 +119,11 @@ class PrepareInput:
 Programs = Mapping[str, SavedProgram]
 
 
-def _no_programs() -> Programs:
-    return {}
-
-
 @dataclass(frozen=True)
 class PrepareOutput:
     artifact_dir: Path
     manifest: Manifest
-    programs: Programs = field(default_factory=_no_programs, repr=False)
+    programs: Programs = field(default_factory=dict, repr=False)
 
     @property
     def program(self) -> Path:
@@ -140,7 +136,7 @@ class QuantizeInput:
     config: QuantizeConfig
     out_dir: Path
     # The source's programs, when its stage ran in this process.
-    programs: Programs = field(default_factory=_no_programs, repr=False)
+    programs: Programs = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         _require(self.source, "the prepared artifact to quantize")
@@ -150,7 +146,7 @@ class QuantizeInput:
 class QuantizeOutput:
     artifact_dir: Path
     manifest: Manifest
-    programs: Programs = field(default_factory=_no_programs, repr=False)
+    programs: Programs = field(default_factory=dict, repr=False)
 
     @property
     def program(self) -> Path:
@@ -167,7 +163,7 @@ class CompileInput:
     config: CompileConfig
     out_dir: Path
     # The source's programs, when its stage ran in this process.
-    programs: Programs = field(default_factory=_no_programs, repr=False)
+    programs: Programs = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         _require(self.source, "the program to compile")

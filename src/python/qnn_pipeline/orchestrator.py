@@ -68,10 +68,6 @@ class PipelineResult:
         return self
 
 
-def _no_programs() -> Programs:
-    return {}
-
-
 @dataclass(frozen=True)
 class Artifact:
     """A stage's result as the next stage receives it: its directory (or, resuming with --from,
@@ -81,7 +77,7 @@ class Artifact:
 
     path: Path
     manifest: Manifest | None = None
-    programs: Programs = field(default_factory=_no_programs, repr=False)
+    programs: Programs = field(default_factory=dict, repr=False)
 
 
 StageIn = TypeVar("StageIn", PrepareInput, QuantizeInput, CompileInput, InferInput)
