@@ -1,5 +1,6 @@
 # BUILD-file macros (pants.toml [GLOBAL].build_file_prelude_globs): every BUILD file sees them.
-# Not a python_sources target: Pants evaluates this file itself, with the BUILD-file symbols.
+# Not a python_sources target: Pants evaluates this file itself, with the BUILD-file symbols
+# (build_file_dir, python_sources, ...) as globals, and no linter reads it.
 
 
 def stage_package(provides, cli_dependencies=(), sources_dependencies=()):
@@ -11,11 +12,11 @@ def stage_package(provides, cli_dependencies=(), sources_dependencies=()):
     the name and version from there (build-support/version_policy.py). The dependency rules stay
     in each BUILD file too, where the architecture is read.
     """
-    package = build_file_dir().name  # noqa: F821 (a BUILD-file symbol)
-    python_sources(dependencies=list(sources_dependencies))  # noqa: F821
-    python_tests(name="tests")  # noqa: F821
-    pex_binary(name="cli", entry_point="cli.py:main", dependencies=list(cli_dependencies))  # noqa: F821
-    python_distribution(  # noqa: F821
+    package = build_file_dir().name
+    python_sources(dependencies=list(sources_dependencies))
+    python_tests(name="tests")
+    pex_binary(name="cli", entry_point="cli.py:main", dependencies=list(cli_dependencies))
+    python_distribution(
         name="dist",
         dependencies=[f":{package}"],
         provides=provides,

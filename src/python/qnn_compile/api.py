@@ -144,7 +144,8 @@ def run_compile(inp: CompileInput) -> CompileOutput:
     if layers is not None:  # sharded: how many contexts, from the program, before lowering
         shards = plan_shards(cfg.num_shards, cfg.recipe, next(iter(programs.values())), layers,
                              len(programs))
-        lowering = lowering_for(dataclasses.replace(cfg, num_shards=shards.count))
+        if shards.count != cfg.num_shards:  # "auto", resolved: the lowering cuts that many
+            lowering = lowering_for(dataclasses.replace(cfg, num_shards=shards.count))
     if cfg.weight_sharing and len(programs) == 1:
         raise ConfigValidationError(
             "compile.weight_sharing", True,

@@ -209,14 +209,9 @@ def _lower(
     outside: collections.Counter[str] = collections.Counter()
     payloads: dict[str, list[int]] = {}
     for method in programs:
-        gm = edge.exported_program(method).graph_module
-        d, p, o = _count_ops(gm)
-        delegated, partitions = delegated + d, partitions + p
+        d, payloads[method], o = _count_ops(edge.exported_program(method).graph_module)
+        delegated, partitions = delegated + d, partitions + len(payloads[method])
         outside.update(o)
-        payloads[method] = [
-            len(getattr(gm, n.args[0].target).processed_bytes)
-            for n in gm.graph.nodes if n.op == "call_function" and _is_delegate_call(n)
-        ]
     unexpected = {k: v for k, v in outside.items() if k not in lowering.outside_by_design}
     if unexpected and lowering.expect_full_delegation:
         said = native.errors()
@@ -333,21 +328,22 @@ def _sharing_config(
     )
 
 
-def _count_ops(gm: torch.fx.GraphModule) -> tuple[int, int, collections.Counter[str]]:
-    """(operator nodes inside delegates, delegate calls, Counter of ops left outside by name)."""
+def _count_ops(gm: torch.fx.GraphModule) -> tuple[int, list[int], collections.Counter[str]]:
+    """(operator nodes inside delegates, each delegate call's payload bytes in call order,
+    Counter of ops left outside by name)."""
     delegated = 0
-    partitions = 0
+    payloads: list[int] = []
     outside: collections.Counter[str] = collections.Counter()
     for node in gm.graph.nodes:
         if node.op != "call_function":
             continue
         if _is_delegate_call(node):
-            partitions += 1
             lowered = getattr(gm, node.args[0].target)
+            payloads.append(len(lowered.processed_bytes))
             delegated += _count_delegated(lowered)
         elif not _is_plumbing(node):
             outside[op_name(node.target)] += 1
-    return delegated, partitions, outside
+    return delegated, payloads, outside
 
 
 def _count_delegated(lowered: Any) -> int:

@@ -14,6 +14,7 @@ not divide the layer count), the N shards here differ by at most one layer.
 
 from __future__ import annotations
 
+import importlib
 import re
 from typing import Any
 
@@ -25,6 +26,7 @@ from qnn_common.errors import ConfigValidationError
 # Hugging Face decoders name their blocks `<...>.layers.<i>` (Llama, Qwen2, Mistral, Phi-3, ...).
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)(?:\.|$)")
 FALLBACK_OP = "llama.fallback.default"
+FALLBACK_OP_MODULE = "executorch.extension.llm.custom_ops.op_fallback"
 
 
 def boundaries(num_layers: int, num_shards: int) -> list[int]:
@@ -62,7 +64,7 @@ class ShardLayers(PassBase):
         self.cuts: list[int] = []  # the layers each cut precedes, once run
 
     def call(self, graph_module: torch.fx.GraphModule) -> PassResult:
-        import executorch.extension.llm.custom_ops.op_fallback  # noqa: F401  (registers the op)
+        importlib.import_module(FALLBACK_OP_MODULE)  # defines the op
         from executorch.backends.qualcomm.utils.constants import QCOM_QUANT_ATTRS
         from executorch.exir.dialects._ops import ops as exir_ops
 

@@ -61,6 +61,7 @@ def lowering(config: CompileConfig) -> BackendLowering:
     assert soc is not None  # Target guarantees a SoC for qnn
     sdk = ready_qnn_sdk()
 
+    from executorch.backends.qualcomm._passes import FoldQDQ
     from executorch.backends.qualcomm._passes.qnn_pass_manager import get_qnn_pass_manager_cls
     from executorch.backends.qualcomm.partition.qnn_partitioner import QnnPartitioner
     from executorch.backends.qualcomm.serialization.qc_schema import (
@@ -103,7 +104,7 @@ def lowering(config: CompileConfig) -> BackendLowering:
         passes = list(pass_manager_cls().get_to_edge_transform_passes(ep, compiler_specs=specs))
         if shards > 1:
             # After FoldQDQ, as upstream's SplitGraph: each cut carries its input's quant attrs.
-            folded = [i for i, p in enumerate(passes) if type(p).__name__ == "FoldQDQ"]
+            folded = [i for i, p in enumerate(passes) if isinstance(p, FoldQDQ)]
             passes.insert(folded[-1] + 1 if folded else len(passes), ShardLayers(shards))
         return passes
 
@@ -145,7 +146,6 @@ def lowering(config: CompileConfig) -> BackendLowering:
             **config.target.record(),
             "htp_performance_mode": config.htp_performance_mode,
             "weight_sharing": config.weight_sharing,
-            "num_shards": shards,
             "qnn_sdk": sdk.record(),
         },
     )
