@@ -15,29 +15,27 @@ from transformers import AutoModelForCausalLM
 
 from qnn_common.config import InferConfig, PipelineContext, QuantizeConfig, Stage
 from qnn_common.errors import ConfigValidationError
-from qnn_common.llm import GenerationConfig, method_steps, teacher_forced_logits
+from qnn_common.llm import GenerationConfig, method_steps
 from qnn_common.manifest import load_manifest
 from qnn_common.metrics import sqnr_db
 from qnn_common.recipes import Backend, Recipe
 from qnn_common.stages import (
-    EVAL_INPUTS,
-    PTE,
     InferInput,
     QuantizeInput,
     llm_spec_of,
     program_files,
     rope_of,
 )
-from qnn_common.tensorio import load_program, load_samples
+from qnn_common.tensorio import load_program
 from qnn_infer.api import run_infer
 from qnn_infer.families.causal_lm import load_tokenizer, prompt_ids
-from qnn_infer.generate import PteLm, generate
-from qnn_infer.runtimes import delegates_in, prepare_runtime
+from qnn_infer.generate import generate
 from qnn_pipeline.orchestrator import run_pipeline
 from qnn_prepare.smollm2 import save_smollm2
 from qnn_quant.api import run_quantize
 from qnn_quant.fused_qdq import reference_module
 from qnn_quant.methods import module_runner
+from support.program_logits import teacher_forced
 
 SHAPES = {"max_seq_len": 64, "prefill_len": 16}
 
@@ -115,17 +113,6 @@ def test_weight_sharing_stores_the_weights_once_for_a_device_and_the_emulator_is
     assert not (out / "infer-shared").exists()  # refused before anything was written
 
 
-def _teacher_forced(compiled: Path) -> list[torch.Tensor]:
-    """The program's logits on its eval texts, prefill then decode as generation calls them."""
-    manifest = load_manifest(compiled, expect_stage=Stage.COMPILE)
-    spec = llm_spec_of(compiled, manifest)
-    assert spec is not None
-    prepare_runtime(delegates_in(compiled / PTE))  # the QNN SDK, before the program loads
-    lm = PteLm(compiled / PTE, spec, rope_of(compiled, manifest))
-    texts = [sample[0] for sample in load_samples(compiled / EVAL_INPUTS)]
-    return teacher_forced_logits(lm.prefill, lm.decode, texts, spec)
-
-
 def test_two_shards_compute_what_one_context_does(out: Path) -> None:
     """--num-shards 2: each method's decoder in two HTP contexts (a layer each), cut by one
     CPU identity op per method, chained in the one .pte; the same tokens and logits as the
@@ -147,7 +134,7 @@ def test_two_shards_compute_what_one_context_does(out: Path) -> None:
     for shard in record["shards"]:
         ratio = shard["estimated_context_bytes"] / shard["measured_context_bytes"]
         assert 0.5 <= ratio <= 2.0, shard
-    for a, b in zip(_teacher_forced(_compiled(whole)), _teacher_forced(_compiled(split)),
+    for a, b in zip(teacher_forced(_compiled(whole)), teacher_forced(_compiled(split)),
                     strict=True):
         assert sqnr_db(a, b) >= 60
 

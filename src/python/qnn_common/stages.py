@@ -32,6 +32,8 @@ METHODS_DIR = "methods"
 DEFAULT_METHOD = "forward"
 PROGRAM = f"{METHODS_DIR}/{DEFAULT_METHOD}.pt2"  # the program of a single-method model
 PTE = "model.pte"  # the ExecuTorch program
+# Under a pipeline's output directory: the HTP contexts its compiles built (CompileInput).
+CONTEXT_CACHE_DIR = "htp-contexts"
 CALIBRATION = "calibration.pt"  # list of input tuples used to calibrate observers
 EVAL_INPUTS = "eval_inputs.pt"  # held-out input tuples; the first is the example input
 REFERENCE_FP32 = "reference_fp32.pt"  # fp32 eager outputs on EVAL_INPUTS
@@ -164,6 +166,10 @@ class CompileInput:
     out_dir: Path
     # The source's programs, when its stage ran in this process.
     programs: Programs = field(default_factory=dict, repr=False)
+    # Where payloads worth keeping across compiles live (QNN: each HTP context, stored as soon
+    # as built, so a killed compile resumes and a partly changed program rebuilds only what
+    # changed); None: built every time. Not part of the cache key: it changes no output.
+    context_cache: Path | None = None
 
     def __post_init__(self) -> None:
         _require(self.source, "the program to compile")

@@ -156,7 +156,8 @@ def run_compile(inp: CompileInput) -> CompileOutput:
 
     t = time.perf_counter()
     etrecord = out / ETRECORD if cfg.etrecord else None
-    lowered = lower_program(programs, lowering, etrecord_path=etrecord)
+    lowered = lower_program(programs, lowering, etrecord_path=etrecord,
+                            payload_cache=inp.context_cache)
     seconds = time.perf_counter() - t
     atomic_write_bytes(out / PTE, lowered.pte)
     own_programs.remember(lowered.pte)  # the infer stage may run it in-process, unrehearsed
@@ -191,7 +192,11 @@ def run_compile(inp: CompileInput) -> CompileOutput:
             # (several per method with --num-shards).
             "delegate_bytes": lowered.delegate_bytes,
             # --num-shards: the count lowered with, each shard's estimate beside its measure.
-            **({"shards": shards.to_json(lowered.delegate_bytes)} if shards else {}),
+            **({"shards": shards.to_json(lowered.delegate_bytes, lowered.cached_payloads)}
+               if shards else {}),
+            # With a context cache: each context built (and in how long) or reused.
+            **({"contexts": [r.to_json() for r in lowered.cached_payloads]}
+               if lowered.cached_payloads else {}),
         },
         extra_tools=lowering.tools,
         # What the .pte runs: the upstream record, or a bare .pt2's one method.

@@ -81,6 +81,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_htp_performance_mode_arg(p, default=DEFAULT_HTP_PERFORMANCE_MODE)
     add_weight_sharing_arg(p)
     add_num_shards_arg(p)
+    p.add_argument("--context-cache", type=Path, metavar="DIR",
+                   help="qnn: keep each HTP context built in DIR, as soon as it is built, and "
+                   "reuse those built before: a compile killed at shard k resumes there, and a "
+                   "program changed in some layers rebuilds only the contexts that changed "
+                   "(least recently used evicted beyond 8 GiB). qnn-pipeline keeps one under "
+                   "its output directory. Default: none")
     p.add_argument("--etrecord", action="store_true", help="also write an ETRecord for devtools")
     add_logging_args(p)
     return p
@@ -114,7 +120,8 @@ def _main(argv: Sequence[str] | None) -> int:
                            num_shards=args.num_shards if args.num_shards is not None else 1)
     from qnn_compile.api import run_compile  # torch is imported only past argument checks
 
-    result = run_compile(CompileInput(source=args.source, config=config, out_dir=args.out))
+    result = run_compile(CompileInput(source=args.source, config=config, out_dir=args.out,
+                                      context_cache=args.context_cache))
     m = result.manifest.metrics
     print(
         f"compiled -> {result.pte} ({m['pte_bytes']} bytes, {m['delegated_ops']} ops delegated, "

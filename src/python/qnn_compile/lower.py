@@ -30,6 +30,7 @@ from qnn_common.program_state import buffers
 from qnn_common.recipes import Backend
 from qnn_compile.backends import BackendLowering
 from qnn_compile.cia_ops import materializing_once
+from qnn_compile.context_cache import ContextRecord
 from qnn_compile.decompositions import check_kernels, check_ranks, decompose
 from qnn_compile.native_log import NativeLog
 from qnn_compile.node_sources import sharing_node_sources
@@ -74,6 +75,9 @@ class LoweredProgram:
     op_counts: dict[str, int]
     # Per method, the payload bytes of each delegate in call order (for QNN, each HTP context).
     delegate_bytes: dict[str, list[int]] = field(default_factory=dict)
+    # With a payload cache: each payload (one per partition, shared by the methods) built or
+    # reused, in partition order.
+    cached_payloads: list[ContextRecord] = field(default_factory=list)
 
 
 def lower_program(
@@ -81,6 +85,7 @@ def lower_program(
     lowering: BackendLowering,
     *,
     etrecord_path: Path | None = None,
+    payload_cache: Path | None = None,
     share_provenance: bool = True,
     fast_partitioning: bool = True,
     materialize_cia_once: bool = True,
@@ -94,6 +99,10 @@ def lower_program(
 
     With `etrecord_path`, also write an ETRecord there (the exported, edge and ExecuTorch graphs
     plus debug handles) so devtools' Inspector can map ETDump events back to source ops.
+
+    With `payload_cache`, a backend that builds costly payloads (QNN: HTP contexts) reuses those
+    it built before from that directory and stores new ones there as each is built, so a
+    killed compile resumes (`qnn_compile.context_cache`); other backends ignore it.
 
     `share_provenance=False` lowers with torch's own per-pass deep copies of every node's
     provenance (`qnn_compile.node_sources`), `fast_partitioning=False` with ExecuTorch's own
@@ -135,7 +144,7 @@ def lower_program(
         recompiling_once() if fast_partitioning else contextlib.nullcontext(),
         legalizing_in_place() if fast_partitioning else contextlib.nullcontext(),
     ):
-        return _lower(ep, lowering, etrecord_path, check_ir)
+        return _lower(ep, lowering, etrecord_path, check_ir, payload_cache)
 
 
 def _edge_config(lowering: BackendLowering, check_ir: bool | None, methods: int) -> Any:
@@ -155,6 +164,7 @@ def _lower(
     lowering: BackendLowering,
     etrecord_path: Path | None,
     check_ir: bool | None,
+    payload_cache: Path | None = None,
 ) -> LoweredProgram:
     # Imported here so that importing this module (e.g. to read LoweredProgram) stays cheap.
     # The kernels import registers out variants of the quantized_decomposed q/dq ops: without it a
@@ -168,8 +178,11 @@ def _lower(
     want_etrecord = etrecord_path is not None
     programs = dict(ep) if isinstance(ep, Mapping) else {"forward": ep}
     native = NativeLog()
+    caching: contextlib.AbstractContextManager[list[ContextRecord]] = contextlib.nullcontext([])
+    if payload_cache is not None and lowering.payload_cache is not None:
+        caching = lowering.payload_cache(payload_cache)
     try:
-        with native.capture(), lowering.context():
+        with native.capture(), lowering.context(), caching as cached:
             # Ops the stock flow cannot run become ones it can, for every backend, before any
             # backend pass or edge conversion sees them (qnn_compile.decompositions).
             programs = {m: decompose(p, backend) for m, p in programs.items()}
@@ -252,6 +265,7 @@ def _lower(
         partitions=partitions,
         op_counts=dict(sorted(outside.items())),
         delegate_bytes=payloads,
+        cached_payloads=list(cached),
     )
 
 

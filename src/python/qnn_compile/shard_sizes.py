@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import itertools
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from qnn_common.recipes import Recipe
+from qnn_compile.context_cache import ContextRecord
 from qnn_compile.shards import boundaries, layer_of
 
 log = logging.getLogger(__name__)
@@ -161,14 +163,20 @@ class ShardPlan:
     count: int
     estimates: list[ShardEstimate]
 
-    def to_json(self, measured: dict[str, list[int]]) -> dict[str, Any]:
+    def to_json(
+        self, measured: dict[str, list[int]], built: Sequence[ContextRecord] = ()
+    ) -> dict[str, Any]:
         """For the manifest: the estimates beside the contexts' measured bytes (QNN puts every
-        method's graph of a shard in one context, so any method's delegates are the contexts)."""
+        method's graph of a shard in one context, so any method's delegates are the contexts),
+        and, with a context cache, each shard's build seconds or its reuse."""
         contexts = next(iter(measured.values()), [])
         shards = [
             {**e.to_json(), "measured_context_bytes": contexts[i] if i < len(contexts) else None}
             for i, e in enumerate(self.estimates)
         ]
+        if len(built) == len(shards):
+            for shard, record in zip(shards, built, strict=True):
+                shard.update(reused=record.reused, build_s=round(record.seconds, 3))
         return {"requested": self.requested, "count": self.count,
                 "context_limit_bytes": CONTEXT_LIMIT_BYTES, "shards": shards}
 

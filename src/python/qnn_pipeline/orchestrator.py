@@ -24,6 +24,7 @@ from qnn_common.manifest import MANIFEST_NAME, Manifest, load_manifest
 from qnn_common.qnn_sdk import check_compatible, find_qnn_sdk
 from qnn_common.recipes import Backend
 from qnn_common.stages import (
+    CONTEXT_CACHE_DIR,
     CompileInput,
     InferInput,
     PrepareInput,
@@ -140,7 +141,10 @@ def _quantize_input(ctx: PipelineContext, source: Artifact | None, out: Path) ->
 
 def _compile_input(ctx: PipelineContext, source: Artifact | None, out: Path) -> CompileInput:
     src = _need(source, Stage.COMPILE)
-    return CompileInput(src.path, ctx.compile, out, src.programs)
+    # One context cache for every compile of this output tree: a rerun after a kill, or with a
+    # program changed in some layers, rebuilds only the HTP contexts it lacks.
+    return CompileInput(src.path, ctx.compile, out, src.programs,
+                        context_cache=ctx.out_dir / CONTEXT_CACHE_DIR)
 
 
 _QUANTIZE = StageRunner[QuantizeInput](

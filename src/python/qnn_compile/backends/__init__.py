@@ -13,6 +13,7 @@ import contextlib
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 from torch.export import ExportedProgram
@@ -21,6 +22,7 @@ from qnn_common.config import CompileConfig
 from qnn_common.errors import BackendNotAvailableError
 from qnn_common.recipes import Backend
 from qnn_common.target import Target
+from qnn_compile.context_cache import ContextRecord
 
 
 def _no_context() -> AbstractContextManager[None]:
@@ -51,6 +53,10 @@ class BackendLowering:
     # Ops the lowering itself leaves outside (op_name form, e.g. "llama.fallback.default"): not
     # warned about, even with expect_full_delegation.
     outside_by_design: frozenset[str] = frozenset()
+    # A backend whose payloads are worth keeping across compiles (QNN: its context binaries):
+    # given a cache directory, a context inside which payloads built before are reused and new
+    # ones stored; it yields the record of each payload (qnn_compile.context_cache).
+    payload_cache: Callable[[Path], AbstractContextManager[list[ContextRecord]]] | None = None
 
 
 class LoweringProvider(Protocol):

@@ -14,9 +14,12 @@ the performance mode is exposed, as `CompileConfig.htp_performance_mode`.
 
 from __future__ import annotations
 
+import json
 from contextlib import AbstractContextManager
+from importlib.metadata import version
 from typing import Any
 
+import torch
 from torch.export import ExportedProgram
 
 from qnn_common.config import HTP_PERFORMANCE_MODES, CompileConfig
@@ -24,6 +27,7 @@ from qnn_common.errors import ConfigValidationError
 from qnn_common.qnn_sdk import ready_qnn_sdk
 from qnn_common.recipes import Recipe
 from qnn_compile.backends import BackendLowering
+from qnn_compile.context_cache import ContextCache, caching_contexts
 from qnn_compile.shards import FALLBACK_OP, ShardLayers
 
 _POOLS = ("max_pool2d", "max_pool2d_with_indices", "avg_pool2d")
@@ -141,6 +145,12 @@ def lowering(config: CompileConfig) -> BackendLowering:
         expect_full_delegation=True,
         # The shards' cuts run on the CPU by design (an identity each).
         outside_by_design=frozenset({FALLBACK_OP}) if shards > 1 else frozenset(),
+        # A context is a function of its partition, the specs and these tools: worth keeping,
+        # since building them is most of a QNN compile (qnn_compile.context_cache).
+        payload_cache=lambda root: caching_contexts(ContextCache(root), salt=json.dumps(
+            {"executorch": version("executorch"), "torch": torch.__version__,
+             "qnn_sdk": {k: v for k, v in sdk.record().items() if k not in ("root", "source")}},
+            sort_keys=True, default=str)),
         tools={"qnn": sdk.qnn_version, "qnn_bridge": "yes" if sdk.bridged else "no"},
         record={
             **config.target.record(),

@@ -1,0 +1,141 @@
+"""A sharded HTP compile resumes where it was killed, and rebuilds only the contexts whose layers
+changed (qnn_compile.context_cache): real compiles of a 4-layer decoder at 3 shards, SM8650."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from qnn_common.child_env import python_child_env
+from qnn_common.config import CompileConfig, PipelineContext, Stage
+from qnn_common.manifest import load_manifest
+from qnn_common.recipes import Backend, Recipe
+from qnn_common.stages import CONTEXT_CACHE_DIR, PTE, CompileInput
+from qnn_compile.api import run_compile
+from qnn_pipeline.orchestrator import run_pipeline
+from qnn_prepare.tiny_decoders import EOS_ID, VOCAB, byte_tokenizer
+from support.program_logits import teacher_forced
+
+LAYERS, SHARDS = 4, 3  # shards of 1, 2 and 1 layers
+CONFIG = CompileConfig(backend=Backend.QNN, soc="SM8650", recipe=Recipe.FP16, num_shards=SHARDS)
+
+
+def _decoder(directory: Path, last_layer_seed: int | None = None) -> Path:
+    """A random 4-layer Llama with the byte tokenizer; with `last_layer_seed`, the same model
+    but for its last layer's MLP."""
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=LAYERS, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=64,
+        eos_token_id=EOS_ID, pad_token_id=EOS_ID,
+    ))
+    if last_layer_seed is not None:
+        torch.manual_seed(last_layer_seed)
+        with torch.no_grad():
+            for p in model.model.layers[-1].mlp.parameters():
+                p.normal_(0, 0.02)
+    model.save_pretrained(directory)
+    byte_tokenizer().save_pretrained(directory)
+    return directory
+
+
+def _prepared(model: Path, out: Path) -> Path:
+    ctx = PipelineContext.create(
+        str(model), backend="qnn", soc="SM8650", recipe="fp16", out_dir=out,
+        stop_after=Stage.PREPARE,
+        prepare={"kv_cache": True, "max_seq_len": 32, "prefill_len": 8, "eval_samples": 1},
+    )
+    stages = run_pipeline(ctx).checked().summary["stages"]
+    return next(Path(s["artifact"]) for s in stages if s["name"] == "prepare")
+
+
+def _contexts(compiled: Path) -> list[dict[str, object]]:
+    contexts: list[dict[str, object]] = load_manifest(
+        compiled, expect_stage=Stage.COMPILE).metrics["contexts"]
+    return contexts
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("ctx-cache")
+    return _prepared(_decoder(root / "model"), root / "run")
+
+
+def test_a_compile_killed_after_its_first_context_resumes_there(
+    prepared: Path, tmp_path: Path
+) -> None:
+    """kill -9 once the first context is built: the rerun reuses what was stored and builds the
+    rest, and its program computes what a compile never interrupted does."""
+    cache, out = tmp_path / "contexts", tmp_path / "compiled"
+    child = subprocess.Popen(
+        [sys.executable, "-m", "qnn_compile.cli", str(prepared), "-o", str(out),
+         "--backend", "qnn", "--soc", "SM8650", "--recipe", "fp16",
+         "--num-shards", str(SHARDS), "--context-cache", str(cache)],
+        env=python_child_env(), stderr=subprocess.PIPE, text=True,
+    )
+    assert child.stderr is not None
+    said = []
+    for line in child.stderr:
+        said.append(line)
+        if f"built HTP context 1/{SHARDS}" in line:
+            os.kill(child.pid, signal.SIGKILL)
+            break
+    child.wait()
+    assert child.returncode == -signal.SIGKILL, "".join(said[-20:])
+    stored = len(list(cache.glob("*.ctx")))
+    assert 1 <= stored < SHARDS
+    assert not (out / PTE).exists()  # nothing sealed that a later run could trust
+
+    resumed = run_compile(CompileInput(prepared, CONFIG, out, context_cache=cache))
+    reused = [c["reused"] for c in _contexts(resumed.artifact_dir)]
+    assert reused == [True] * stored + [False] * (SHARDS - stored)
+    shards = resumed.manifest.metrics["shards"]["shards"]
+    assert [s["reused"] for s in shards] == reused
+    assert all(s["build_s"] > 0 for s in shards if not s["reused"])
+
+    entries = {p.stem: p.read_bytes() for p in cache.glob("*.ctx")}
+    assert {c["key"] for c in _contexts(out)} == set(entries)  # every context now stored
+
+    # The same program as a compile never interrupted: QNN numbers its tensors from a
+    # per-process counter, so contexts built in other processes differ in those ids; what they
+    # compute does not.
+    whole = run_compile(CompileInput(prepared, CONFIG, tmp_path / "whole"))
+    assert "contexts" not in whole.manifest.metrics  # no cache: nothing recorded
+    for a, b in zip(teacher_forced(out), teacher_forced(whole.artifact_dir), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_a_model_changed_in_its_last_layer_rebuilds_only_the_last_shard(
+    prepared: Path, tmp_path: Path
+) -> None:
+    cache = tmp_path / "contexts"
+    first = run_compile(CompileInput(prepared, CONFIG, tmp_path / "a", context_cache=cache))
+    assert [c["reused"] for c in _contexts(first.artifact_dir)] == [False] * SHARDS
+
+    changed = _prepared(_decoder(tmp_path / "model-b", last_layer_seed=7), tmp_path / "run-b")
+    second = run_compile(CompileInput(changed, CONFIG, tmp_path / "b", context_cache=cache))
+    assert [c["reused"] for c in _contexts(second.artifact_dir)] == [True, True, False]
+    first_keys = [c["key"] for c in _contexts(first.artifact_dir)]
+    assert [c["key"] for c in _contexts(second.artifact_dir)][:2] == first_keys[:2]
+
+
+def test_the_pipeline_keeps_its_contexts_under_its_output_directory(tmp_path: Path) -> None:
+    model = _decoder(tmp_path / "model")
+    ctx = PipelineContext.create(
+        str(model), backend="qnn", soc="SM8650", recipe="fp16", out_dir=tmp_path / "run",
+        stop_after=Stage.COMPILE, compile={"num_shards": 2},
+        prepare={"kv_cache": True, "max_seq_len": 32, "prefill_len": 8, "eval_samples": 1},
+    )
+    run_pipeline(ctx).checked()
+    assert len(list((tmp_path / "run" / CONTEXT_CACHE_DIR).glob("*.ctx"))) == 2
+    forced = run_pipeline(dataclasses.replace(ctx, force=True)).checked().summary
+    compiled = next(Path(s["artifact"]) for s in forced["stages"] if s["name"] == "compile")
+    assert [c["reused"] for c in _contexts(compiled)] == [True, True]
