@@ -19,6 +19,7 @@ from qnn_common.config import CompileConfig, PipelineContext, Stage
 from qnn_common.manifest import load_manifest
 from qnn_common.recipes import Backend, Recipe
 from qnn_common.stages import CONTEXT_CACHE_DIR, PTE, CompileInput
+from qnn_compile import cli as compile_cli  # run as a child, which is killed
 from qnn_compile.api import run_compile
 from qnn_pipeline.orchestrator import run_pipeline
 from qnn_prepare.tiny_decoders import EOS_ID, VOCAB, byte_tokenizer
@@ -76,7 +77,7 @@ def test_a_compile_killed_after_its_first_context_resumes_there(
     rest, and its program computes what a compile never interrupted does."""
     cache, out = tmp_path / "contexts", tmp_path / "compiled"
     child = subprocess.Popen(
-        [sys.executable, "-m", "qnn_compile.cli", str(prepared), "-o", str(out),
+        [sys.executable, "-m", compile_cli.__name__, str(prepared), "-o", str(out),
          "--backend", "qnn", "--soc", "SM8650", "--recipe", "fp16",
          "--num-shards", str(SHARDS), "--context-cache", str(cache)],
         env=python_child_env(), stderr=subprocess.PIPE, text=True,
