@@ -38,7 +38,7 @@ import torch
 from stage_process import run_stage
 
 from qnn_common.cli_support import add_logging_args, setup_logging
-from qnn_common.config import CompileConfig, PipelineContext, Stage
+from qnn_common.config import CompileConfig, Stage
 from qnn_common.recipes import Backend, Recipe
 from qnn_common.target import Target
 from qnn_compile.backends import lowering_for
@@ -46,6 +46,7 @@ from qnn_compile.lower import lower_program
 from qnn_infer.measure import measure_latency
 from qnn_infer.runner import HostRunner
 from qnn_infer.runtimes import set_cpu_threads
+from qnn_pipeline.context import PipelineContext
 from qnn_pipeline.orchestrator import run_pipeline
 from qnn_prepare.calibration import make_calibration
 from qnn_prepare.models import load_model

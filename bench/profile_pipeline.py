@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from qnn_common.cli_support import add_logging_args, setup_logging
-from qnn_common.config import PipelineContext
+from qnn_pipeline.context import PipelineContext
 from qnn_pipeline.orchestrator import run_pipeline
 
 # (file suffix, function name) of the pipeline's own work around the plain calls.

@@ -20,9 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from qnn_common.cli_support import add_logging_args, setup_logging
-from qnn_common.config import PipelineContext, Stage
+from qnn_common.config import Stage
 from qnn_common.qnn_sdk import find_qnn_sdk
 from qnn_common.recipes import Backend, Recipe
+from qnn_pipeline.context import PipelineContext
 from qnn_pipeline.orchestrator import run_pipeline
 
 

@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 import torch
 
-from qnn_common.config import PipelineContext
 from qnn_common.program_state import buffers
 from qnn_common.stages import PROGRAM
 from qnn_common.tensorio import load_program
+from qnn_pipeline.context import PipelineContext
 from qnn_pipeline.orchestrator import run_pipeline
 from support.stateful_models import initial_cache
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch import nn
 
-from qnn_common.config import CompileConfig, PipelineContext
+from qnn_common.config import CompileConfig
 from qnn_common.errors import ConfigValidationError
 from qnn_common.metrics import sqnr_db
 from qnn_common.recipes import Backend, Recipe
@@ -23,6 +23,7 @@ from qnn_common.soc import lookup_soc
 from qnn_common.target import Target
 from qnn_compile.backends import lowering_for
 from qnn_compile.lower import lower_program
+from qnn_pipeline.context import PipelineContext
 from qnn_pipeline.orchestrator import run_pipeline
 from qnn_quant.pt2e import quantize_program
 from qnn_quant.quantized_ops import NothingQuantizedError, quantized_op_kinds

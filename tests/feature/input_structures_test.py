@@ -15,10 +15,11 @@ from typing import Any
 import pytest
 import torch
 
-from qnn_common.config import PipelineContext, Stage
+from qnn_common.config import Stage
 from qnn_common.errors import ConfigValidationError, InputError
 from qnn_common.stages import CALIBRATION, EVAL_INPUTS
 from qnn_common.tensorio import ModelInputs, load_inputs
+from qnn_pipeline.context import PipelineContext
 from qnn_pipeline.orchestrator import run_pipeline
 from qnn_prepare.models import load_model
 

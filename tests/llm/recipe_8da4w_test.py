@@ -22,10 +22,11 @@ import pytest
 import torch
 
 from qnn_common.child_env import python_child_env
-from qnn_common.config import PipelineContext, Stage
+from qnn_common.config import Stage
 from qnn_common.manifest import load_manifest
 from qnn_common.stages import PROGRAM
 from qnn_infer import cli as infer_cli  # imported: the child runs it (and Pants sees it)
+from qnn_pipeline.context import PipelineContext
 from qnn_pipeline.orchestrator import run_pipeline
 from qnn_testing.xnnpack_graph import (
     DYNAMIC_INT8_X_BLOCKWISE_INT4,

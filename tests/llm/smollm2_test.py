@@ -13,11 +13,12 @@ from typing import Any
 import pytest
 import torch
 
-from qnn_common.config import PipelineContext, PrepareConfig, Stage
+from qnn_common.config import PrepareConfig, Stage
 from qnn_common.llm import GenerationConfig
 from qnn_common.manifest import load_manifest
 from qnn_common.stages import PrepareInput, llm_spec_of
 from qnn_infer.families.causal_lm import load_tokenizer, prompt_ids
+from qnn_pipeline.context import PipelineContext
 from qnn_pipeline.orchestrator import run_pipeline
 from qnn_prepare.api import run_prepare
 from qnn_prepare.models import BUILTIN_MODELS

@@ -15,12 +15,13 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from qnn_common.child_env import python_child_env
-from qnn_common.config import CompileConfig, PipelineContext, Stage
+from qnn_common.config import CompileConfig, Stage
 from qnn_common.manifest import load_manifest
 from qnn_common.recipes import Backend, Recipe
 from qnn_common.stages import CONTEXT_CACHE_DIR, PTE, CompileInput
 from qnn_compile import cli as compile_cli  # run as a child, which is killed
 from qnn_compile.api import run_compile
+from qnn_pipeline.context import PipelineContext
 from qnn_pipeline.orchestrator import run_pipeline
 from qnn_prepare.tiny_decoders import EOS_ID, VOCAB, byte_tokenizer
 from support.program_logits import teacher_forced

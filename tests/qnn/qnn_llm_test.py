@@ -13,7 +13,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from qnn_common.config import InferConfig, PipelineContext, QuantizeConfig, Stage
+from qnn_common.config import InferConfig, QuantizeConfig, Stage
 from qnn_common.errors import ConfigValidationError
 from qnn_common.llm import GenerationConfig, method_steps
 from qnn_common.manifest import load_manifest
@@ -30,6 +30,7 @@ from qnn_common.tensorio import load_program
 from qnn_infer.api import run_infer
 from qnn_infer.families.causal_lm import load_tokenizer, prompt_ids
 from qnn_infer.generate import generate
+from qnn_pipeline.context import PipelineContext
 from qnn_pipeline.orchestrator import run_pipeline
 from qnn_prepare.smollm2 import save_smollm2
 from qnn_quant.api import run_quantize

@@ -13,13 +13,14 @@ from typing import Any
 import pytest
 import torch
 
-from qnn_common.config import PipelineContext, Stage
+from qnn_common.config import Stage
 from qnn_common.errors import BackendNotAvailableError, ConfigValidationError
 from qnn_common.manifest import load_manifest
 from qnn_common.recipes import Backend, Recipe
 from qnn_common.stages import PROGRAM
 from qnn_common.tensorio import load_program
 from qnn_pipeline.cli import main as pipeline_main
+from qnn_pipeline.context import PipelineContext
 from qnn_pipeline.orchestrator import run_pipeline
 from support import conv_models  # the models below, by name (an import, so Pants ships it)
 from support.summary import read_summary

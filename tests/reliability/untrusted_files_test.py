@@ -86,7 +86,7 @@ def test_a_deeply_nested_toml_config_is_one_error(
 
 
 def test_load_pipeline_toml_names_the_nesting(tmp_path: Path) -> None:
-    from qnn_common.config import load_pipeline_toml
+    from qnn_pipeline.context import load_pipeline_toml
 
     config = tmp_path / "p.toml"
     config.write_text("x = " + "[" * DEPTH + "]" * DEPTH + "\n", encoding="utf-8")

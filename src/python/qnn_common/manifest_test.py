@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from qnn_common import manifest as manifest_mod
-from qnn_common.config import PipelineContext, Stage
+from qnn_common.config import CompileConfig, PrepareConfig, Stage
 from qnn_common.errors import ArtifactError
 from qnn_common.manifest import (
     FORMAT,
@@ -127,19 +127,12 @@ def test_manifest_is_stable_sorted_json(tmp_path: Path) -> None:
 
 
 def test_config_dataclass_is_stored_as_plain_json(tmp_path: Path) -> None:
-    ctx = PipelineContext.create(
-        "m",
-        backend=Backend.QNN,
-        recipe=Recipe.A16W16,
-        soc="SM8650",
-        skip=frozenset({Stage.INFER}),
-    )
-    _seal(tmp_path, config=ctx)
+    config = CompileConfig(backend=Backend.QNN, recipe=Recipe.A16W16, soc="SM8650", num_shards=2)
+    _seal(tmp_path, config=config)
     loaded = load_manifest(tmp_path)
-    assert loaded.config == to_jsonable(ctx)
-    assert loaded.config["compile"]["recipe"] == "16a16w"
-    assert loaded.config["skip"] == ["infer"]
-    assert loaded.config["out_dir"] == "out"
+    assert loaded.config == to_jsonable(config)
+    assert loaded.config["recipe"] == "16a16w" and loaded.config["soc"] == "SM8650"
+    assert loaded.config["num_shards"] == 2
 
 
 def test_files_in_subdirectories(tmp_path: Path) -> None:
@@ -592,12 +585,11 @@ def test_cache_key_is_insensitive_to_dict_order() -> None:
     assert cache_key("s", config_a, inputs_a, "1") == cache_key("s", config_b, inputs_b, "1")
 
 
-def test_cache_key_of_equal_contexts_is_equal() -> None:
-    def make() -> PipelineContext:
-        return PipelineContext.create(
-            "m", skip=frozenset({Stage.INFER, Stage.QUANTIZE}), prepare={"seq_len": 4}
-        )
+def test_cache_key_of_equal_configs_is_equal() -> None:
+    def make() -> PrepareConfig:
+        return PrepareConfig(model="m", seq_len=4)
 
+    assert make() is not make()
     assert cache_key("prepare", make(), {}, "1") == cache_key("prepare", make(), {}, "1")
 
 

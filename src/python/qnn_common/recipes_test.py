@@ -2,20 +2,11 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from qnn_common.config import (
-    CompileConfig,
-    PipelineContext,
-    QuantizeConfig,
-    Stage,
-    load_pipeline_toml,
-    pipeline_from_mapping,
-)
+from qnn_common.config import CompileConfig, QuantizeConfig
 from qnn_common.errors import ConfigValidationError
 from qnn_common.recipes import (
     BACKENDS,
@@ -80,47 +71,6 @@ def test_every_recipe_round_trips_through_parse_enum(recipe: Recipe) -> None:
     assert parse_enum(Recipe, recipe.value, "recipe") is recipe
     assert parse_enum(Recipe, recipe.value.upper(), "recipe") is recipe
     assert parse_enum(Recipe, f"  {recipe.value} ", "recipe") is recipe
-
-
-@pytest.mark.parametrize(("backend", "recipe"), _supported_pairs())
-def test_every_recipe_round_trips_through_config(backend: Backend, recipe: Recipe) -> None:
-    soc = _a_soc_for(backend, recipe)
-    ctx = PipelineContext.create("m", backend=backend, recipe=recipe, soc=soc)
-    assert ctx.recipe is recipe
-    assert ctx.compile.recipe is recipe
-    if recipe.is_quantized:
-        assert ctx.quantize is not None
-        assert ctx.quantize.recipe is recipe
-        assert Stage.QUANTIZE not in ctx.skip
-    else:
-        assert ctx.quantize is None
-        assert Stage.QUANTIZE in ctx.skip
-
-
-@pytest.mark.parametrize(("backend", "recipe"), _supported_pairs())
-def test_every_recipe_round_trips_through_toml(
-    tmp_path: Path, backend: Backend, recipe: Recipe
-) -> None:
-    soc = _a_soc_for(backend, recipe)
-    soc_line = f'soc = "{soc}"\n' if soc else ""
-    cfg = tmp_path / "p.toml"
-    cfg.write_text(
-        f'[pipeline]\nmodel = "m"\nbackend = "{backend.value}"\n'
-        f'recipe = "{recipe.value}"\n{soc_line}',
-        encoding="utf-8",
-    )
-    ctx = load_pipeline_toml(cfg)
-    assert ctx.recipe is recipe
-    assert (ctx.quantize is not None) == recipe.is_quantized
-
-
-def test_16a16w_reaches_quantize_and_compile_from_mapping() -> None:
-    ctx = pipeline_from_mapping(
-        {"pipeline": {"model": "m", "backend": "qnn", "recipe": "16A16W", "soc": "sm8650"}}
-    )
-    assert ctx.quantize is not None
-    assert ctx.quantize.recipe is Recipe.A16W16
-    assert ctx.compile.recipe is Recipe.A16W16
 
 
 def test_recipe_bits() -> None:
@@ -275,7 +225,7 @@ def test_qnn_refuses_8da4w_saying_why_and_what_instead(soc: str) -> None:
     allowed = info.value.allowed or ()
     assert "16a4w" in allowed and "8da4w" not in allowed
     with pytest.raises(ConfigValidationError, match="per token at run time"):
-        PipelineContext.create("m", backend="qnn", recipe="8da4w", soc=soc)
+        CompileConfig(backend=Backend.QNN, recipe=Recipe.A8DW4, soc=soc)
 
 
 def test_8da4w_group_size_rules() -> None:
@@ -359,8 +309,6 @@ def test_check_recipe_and_configs_agree_with_recipes_for(
             CompileConfig(backend=backend, recipe=recipe, soc=soc_name)
         with pytest.raises(ConfigValidationError):
             QuantizeConfig(backend=backend, recipe=recipe, soc=soc_name)
-        with pytest.raises(ConfigValidationError):
-            PipelineContext.create("m", backend=backend, recipe=recipe, soc=soc_name)
         return
 
     assert CompileConfig(backend=backend, recipe=recipe, soc=soc_name).recipe is recipe
@@ -369,9 +317,7 @@ def test_check_recipe_and_configs_agree_with_recipes_for(
     else:
         with pytest.raises(ConfigValidationError, match="skip the quantize stage"):
             QuantizeConfig(backend=backend, recipe=recipe, soc=soc_name)
-    ctx = PipelineContext.create("m", backend=backend, recipe=recipe, soc=soc_name)
-    assert (ctx.backend, ctx.recipe) == (backend, recipe)
-    assert ctx.soc == (None if soc is None else soc.name)
+    assert CompileConfig(backend=backend, recipe=recipe, soc=soc_name).target.soc == soc
 
 
 @pytest.mark.parametrize("backend", list(Backend))

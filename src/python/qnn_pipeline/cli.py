@@ -17,12 +17,7 @@ from qnn_common.cli_support import (
     run_cli,
     setup_logging,
 )
-from qnn_common.config import (
-    PipelineContext,
-    Stage,
-    load_pipeline_toml,
-    pipeline_from_mapping,
-)
+from qnn_common.config import Stage
 from qnn_common.manifest import MANIFEST_NAME, load_manifest
 from qnn_common.recipes import Backend, EmbeddingWeights, GroupMapping, Recipe
 from qnn_common.soc import soc_names
@@ -42,6 +37,7 @@ from qnn_infer.cli import (
     generation_values,
 )
 from qnn_infer.deadline import set_run_timeout
+from qnn_pipeline.context import PipelineContext, load_pipeline_toml, pipeline_from_mapping
 from qnn_pipeline.summary import format_summary
 
 EPILOG = """examples:

@@ -6,9 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from qnn_common.config import PipelineContext, Stage
+from qnn_common.config import Stage
 from qnn_common.recipes import Backend, Recipe
 from qnn_pipeline.cli import build_parser, context_from_args, main
+from qnn_pipeline.context import PipelineContext
 
 
 def _ctx(*argv: str) -> PipelineContext:

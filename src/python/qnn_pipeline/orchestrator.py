@@ -18,7 +18,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from qnn_common.artifact_dir import cleans_up_artifacts
 from qnn_common.artifact_lock import acquire_artifact_lock, release_artifact_lock
-from qnn_common.config import PipelineContext, QuantizeConfig, Stage
+from qnn_common.config import QuantizeConfig, Stage
 from qnn_common.errors import ArtifactError, ConfigValidationError, PipelineError, StageError
 from qnn_common.manifest import MANIFEST_NAME, Manifest, load_manifest
 from qnn_common.qnn_sdk import check_compatible, find_qnn_sdk
@@ -37,6 +37,7 @@ from qnn_compile.api import compile_cache_key, run_compile
 from qnn_infer.api import infer_cache_key, run_infer
 from qnn_infer.gate_check import AccuracyGateError, gate_failure
 from qnn_infer.program_check import check_program_matches
+from qnn_pipeline.context import PipelineContext
 from qnn_pipeline.summary import (
     SUMMARY_NAME,
     StageRecord,

@@ -7,13 +7,14 @@ from typing import Any
 
 import pytest
 
-from qnn_common.config import PipelineContext, Stage
+from qnn_common.config import Stage
 from qnn_common.errors import ArtifactError, ConfigValidationError, PipelineError
 from qnn_common.manifest import Manifest, cache_key, write_manifest
 from qnn_common.recipes import Backend, Recipe
 from qnn_pipeline import orchestrator
 from qnn_pipeline import summary as summary_module
 from qnn_pipeline.cli import main
+from qnn_pipeline.context import PipelineContext
 from qnn_pipeline.orchestrator import Artifact, StageRunner, run_pipeline, start_of
 from qnn_pipeline.summary import StageRecord, build_summary, format_summary
 

@@ -25,9 +25,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from qnn_common.config import PipelineContext, Stage, pipeline_from_mapping
+from qnn_common.config import Stage
 from qnn_common.errors import ConfigValidationError, PipelineError
 from qnn_common.recipes import Backend, Recipe
+from qnn_pipeline.context import PipelineContext, pipeline_from_mapping
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""Frozen, validated configs, `PipelineContext.create`, and TOML loading."""
+"""The pipeline context: stage configs built consistently, from flat settings and from TOML."""
 
 from __future__ import annotations
 
@@ -12,16 +12,15 @@ from qnn_common.config import (
     DEFAULT_SEED,
     CompileConfig,
     InferConfig,
-    PipelineContext,
     PrepareConfig,
     QuantizeConfig,
     Stage,
-    load_pipeline_toml,
-    pipeline_from_mapping,
 )
 from qnn_common.errors import ConfigValidationError, PipelineError
 from qnn_common.gates import AccuracyGates, default_accuracy_gates
-from qnn_common.recipes import Backend, Recipe
+from qnn_common.recipes import Backend, Recipe, recipes_for
+from qnn_common.soc import SOCS
+from qnn_pipeline.context import PipelineContext, load_pipeline_toml, pipeline_from_mapping
 
 WriteToml = Callable[[str], Path]
 
@@ -788,3 +787,60 @@ def test_num_shards_takes_a_number_or_auto_on_qnn_only() -> None:
         qnn(0)
     with pytest.raises(ConfigValidationError, match="only the qnn backend splits"):
         PipelineContext.create("tiny-llama", compile={"num_shards": 2})
+
+
+def _a_soc_for(backend: Backend, recipe: Recipe) -> str | None:
+    """Some SoC on which `backend` runs `recipe` (None for the host backends)."""
+    if backend is not Backend.QNN:
+        return None
+    return next(s.name for s in SOCS.values() if recipe in recipes_for(backend, s))
+
+
+def _supported_pairs() -> list[tuple[Backend, Recipe]]:
+    """For every recipe, one backend that can run it."""
+    return [
+        (next(b for b in (Backend.XNNPACK, Backend.QNN)
+              if recipe in recipes_for(b, SOCS["SM8750"])), recipe)
+        for recipe in Recipe
+    ]
+
+
+@pytest.mark.parametrize(("backend", "recipe"), _supported_pairs())
+def test_every_recipe_round_trips_through_config(backend: Backend, recipe: Recipe) -> None:
+    soc = _a_soc_for(backend, recipe)
+    ctx = PipelineContext.create("m", backend=backend, recipe=recipe, soc=soc)
+    assert ctx.recipe is recipe
+    assert ctx.compile.recipe is recipe
+    if recipe.is_quantized:
+        assert ctx.quantize is not None
+        assert ctx.quantize.recipe is recipe
+        assert Stage.QUANTIZE not in ctx.skip
+    else:
+        assert ctx.quantize is None
+        assert Stage.QUANTIZE in ctx.skip
+
+
+@pytest.mark.parametrize(("backend", "recipe"), _supported_pairs())
+def test_every_recipe_round_trips_through_toml(
+    tmp_path: Path, backend: Backend, recipe: Recipe
+) -> None:
+    soc = _a_soc_for(backend, recipe)
+    soc_line = f'soc = "{soc}"\n' if soc else ""
+    cfg = tmp_path / "p.toml"
+    cfg.write_text(
+        f'[pipeline]\nmodel = "m"\nbackend = "{backend.value}"\n'
+        f'recipe = "{recipe.value}"\n{soc_line}',
+        encoding="utf-8",
+    )
+    ctx = load_pipeline_toml(cfg)
+    assert ctx.recipe is recipe
+    assert (ctx.quantize is not None) == recipe.is_quantized
+
+
+def test_16a16w_reaches_quantize_and_compile_from_mapping() -> None:
+    ctx = pipeline_from_mapping(
+        {"pipeline": {"model": "m", "backend": "qnn", "recipe": "16A16W", "soc": "sm8650"}}
+    )
+    assert ctx.quantize is not None
+    assert ctx.quantize.recipe is Recipe.A16W16
+    assert ctx.compile.recipe is Recipe.A16W16
