@@ -117,3 +117,29 @@ def test_equal_weights_of_loaded_methods_share_one_tensor(tmp_path: Path) -> Non
     assert b["state"] is not a["state"]  # a buffer: each method's own
     x = torch.randn(2, 4)
     torch.testing.assert_close(programs["b"].module()(x), programs["a"].module()(x))
+
+
+class _Frozen(torch.nn.Module):
+    """PT2E-quantized weights are registered as buffers that no method writes."""
+
+    codes: torch.Tensor
+    state: torch.Tensor
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("codes", torch.arange(4, dtype=torch.float32))
+        self.register_buffer("state", torch.zeros(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.state.add_(x.sum(0))
+        out: torch.Tensor = x * self.codes + self.state
+        return out
+
+
+def test_buffers_no_method_writes_are_weights_and_shared(tmp_path: Path) -> None:
+    for name in ("a", "b"):
+        save_program(tmp_path / f"{name}.pt2", _export(_Frozen()))
+    programs = {n: load_program(tmp_path / f"{n}.pt2") for n in ("a", "b")}
+    assert share_equal_weights(programs) == 16  # the codes; the written state stays apart
+    a, b = (programs[n].state_dict for n in ("a", "b"))
+    assert b["codes"] is a["codes"] and b["state"] is not a["state"]

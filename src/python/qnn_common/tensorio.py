@@ -375,26 +375,64 @@ def handed_on(saved: Mapping[str, SavedProgram]) -> dict[str, SavedProgram]:
 
 
 def share_equal_weights(programs: Mapping[str, torch.export.ExportedProgram]) -> int:
-    """Give each parameter of a later program that equals the same-named parameter of an earlier
-    one (shape, dtype and values) the earlier one's tensor; return the bytes that frees.
+    """Give each weight of a later program that equals the same-named weight of an earlier one
+    (shape, dtype and values) the earlier one's tensor; return the bytes that frees.
 
     A model's methods (a causal LM's prefill and decode) exported together hold one set of
     weights; saved and loaded as separate files, each holds a copy (SmolLM2: its 0.54 GB of fp32
-    weights twice). Parameters only: buffers (a KV cache) are state that running one method
-    changes, and must stay each method's own.
+    weights twice, or its quantized ones, which PT2E registers as buffers). Weights are the
+    parameters, the constants and the buffers no method updates: a buffer that one method
+    writes (a KV cache) is state, and stays each method's own.
     """
-    first: dict[str, torch.Tensor] = {}
+    written = {fqn for program in programs.values() for fqn in _buffers_written(program)}
+    first: dict[tuple[str, str], torch.Tensor] = {}
     freed = 0
     for program in programs.values():
-        for name in program.graph_signature.parameters:
-            tensor = program.state_dict[name]
-            known = first.setdefault(name, tensor)
-            if known is tensor or known.shape != tensor.shape or known.dtype != tensor.dtype:
-                continue
-            if torch.equal(known, tensor):
-                program.state_dict[name] = known
-                freed += tensor.numel() * tensor.element_size()
+        signature = program.graph_signature
+        for kind, names, table in (
+            ("state", [*signature.parameters,
+                       *(b for b in signature.buffers if b not in written)], program.state_dict),
+            ("constant", list(program.constants), program.constants),
+        ):
+            for name in names:
+                tensor = table.get(name)
+                if not isinstance(tensor, torch.Tensor):
+                    continue
+                known = first.setdefault((kind, name), tensor)
+                if known is tensor or known.shape != tensor.shape or known.dtype != tensor.dtype:
+                    continue
+                if torch.equal(known, tensor):
+                    table[name] = known
+                    freed += tensor.numel() * tensor.element_size()
     return freed
+
+
+def _buffers_written(program: torch.export.ExportedProgram) -> set[str]:
+    """The buffers a program may write: those its signature says it mutates, and those an op
+    takes as an aliased argument (an in-place update, or a view one could update through).
+    Programs keep in-place writes until edge conversion functionalizes them, so the signature
+    alone does not tell."""
+    signature = program.graph_signature
+    written = set(signature.buffers_to_mutate.values())
+    for node in program.graph.nodes:
+        fqn = signature.inputs_to_buffers.get(node.name) if node.op == "placeholder" else None
+        if fqn is None:
+            continue
+        for user in node.users:
+            if user.op == "output":
+                continue
+            schema = getattr(user.target, "_schema", None) if user.op == "call_function" else None
+            if schema is None:  # not an ATen op: assume the worst
+                written.add(fqn)
+                break
+            arguments = {a.name: a for a in schema.arguments}
+            uses = [schema.arguments[i] for i, a in enumerate(user.args)
+                    if a is node and i < len(schema.arguments)]
+            uses += [arguments[k] for k, a in user.kwargs.items() if a is node and k in arguments]
+            if len(uses) == 0 or any(a.alias_info is not None for a in uses):
+                written.add(fqn)
+                break
+    return written
 
 
 def _storages(program: torch.export.ExportedProgram) -> frozenset[int]:

@@ -39,8 +39,9 @@ from qnn_common.stages import (
     program_files,
     quantized_for,
 )
-from qnn_common.tensorio import load_program
+from qnn_common.tensorio import load_program, share_equal_weights
 from qnn_compile.backends import lowering_for
+from qnn_compile.context_cache import one_context_per_method
 from qnn_compile.lower import lower_program
 from qnn_compile.shard_sizes import plan_shards
 from qnn_compile.shards import boundaries
@@ -140,10 +141,13 @@ def run_compile(inp: CompileInput) -> CompileOutput:
     lowering = lowering_for(cfg)
     digests = _input_digests(inp)
     programs = {m: load_program(path, inp.programs.get(m)) for m, path in program_paths.items()}
+    if (freed := share_equal_weights(programs)) > 0:  # methods loaded from their own files
+        log.info("methods %s share %.0f MB of equal weights", ", ".join(programs), freed / 2**20)
     shards = None
     if layers is not None:  # sharded: how many contexts, from the program, before lowering
+        graphs = 1 if one_context_per_method(cfg.weight_sharing) else len(programs)
         shards = plan_shards(cfg.num_shards, cfg.recipe, next(iter(programs.values())), layers,
-                             len(programs))
+                             graphs)
         if shards.count != cfg.num_shards:  # "auto", resolved: the lowering cuts that many
             lowering = lowering_for(dataclasses.replace(cfg, num_shards=shards.count))
     if cfg.weight_sharing and len(programs) == 1:

@@ -58,10 +58,12 @@ DEFAULT_BUDGET_BYTES = 8 * 1024**3
 
 @dataclass(frozen=True)
 class ContextRecord:
-    """One context of a compile: its partition index, key, payload bytes, whether it came from
-    the cache, and the seconds spent building it (0 when reused)."""
+    """One context of a compile: its partition index, the methods whose graphs it holds, its
+    key, payload bytes, whether it came from the cache, and the seconds spent building it (0
+    when reused)."""
 
     index: int
+    methods: tuple[str, ...]
     key: str
     bytes: int
     reused: bool
@@ -241,10 +243,19 @@ def partition_key(
 # --- the cut ------------------------------------------------------------------------------------
 
 
+def one_context_per_method(weight_sharing: bool) -> bool:
+    """Whether each method of a QNN program gets contexts of its own. Without weight sharing
+    each method's graph holds its own weights anyway, so apart they take the same bytes, and
+    QNN holds one method's graph and weights at a time while building instead of all of them
+    (a decoder compile's peak memory). Weight sharing needs every method in one context."""
+    return not weight_sharing
+
+
 @dataclass
 class _Session:
-    cache: ContextCache
+    cache: ContextCache | None
     salt: str
+    per_method: bool
     records: list[ContextRecord]
 
 
@@ -267,28 +278,35 @@ def _preprocess_multimethod(
     count = len(edge_programs[methods[0]])
     if any(len(p) != count for p in edge_programs.values()):
         return original(edge_programs, compile_specs)  # upstream's own error says why
+    groups = [[m] for m in methods] if session.per_method else [methods]
+    total = count * len(groups)
     results: dict[str, list[Any]] = {m: [] for m in methods}
     for i in range(count):
-        programs = {m: edge_programs[m][i] for m in methods}
-        key = partition_key(programs, {m: compile_specs[m][i] for m in methods}, session.salt)
-        blobs = session.cache.get(key, methods)
-        reused, seconds = blobs is not None, 0.0
-        if blobs is None:
-            log.info("building HTP context %d/%d (%s)", i + 1, count, ", ".join(methods))
-            t = time.perf_counter()
-            built = original({m: [programs[m]] for m in methods},
-                             {m: [compile_specs[m][i]] for m in methods})
-            seconds = time.perf_counter() - t
-            blobs = [bytes(built[m][0].processed_bytes) for m in methods]
-            session.cache.put(key, methods, blobs)
-            log.info("built HTP context %d/%d in %.1f s (%d bytes)", i + 1, count, seconds,
-                     len(blobs[0]))
-        else:
-            log.info("HTP context %d/%d reused from %s (%d bytes)", i + 1, count,
-                     session.cache.root, len(blobs[0]))
-        session.records.append(ContextRecord(i, key, len(blobs[0]), reused, seconds))
-        for method, blob in zip(methods, blobs, strict=True):
-            results[method].append(PreprocessResult(processed_bytes=blob, debug_handle_map={}))
+        for group in groups:
+            n = len(session.records) + 1
+            programs = {m: edge_programs[m][i] for m in group}
+            specs = {m: compile_specs[m][i] for m in group}
+            key = partition_key(programs, specs, session.salt)
+            blobs = session.cache.get(key, group) if session.cache is not None else None
+            reused, seconds = blobs is not None, 0.0
+            if blobs is None:
+                log.info("building HTP context %d/%d (%s)", n, total, ", ".join(group))
+                t = time.perf_counter()
+                built = original({m: [programs[m]] for m in group}, {m: [specs[m]] for m in group})
+                seconds = time.perf_counter() - t
+                blobs = [bytes(built[m][0].processed_bytes) for m in group]
+                del built
+                if session.cache is not None:
+                    session.cache.put(key, group, blobs)
+                log.info("built HTP context %d/%d in %.1f s (%d bytes)", n, total, seconds,
+                         len(blobs[0]))
+            else:
+                log.info("HTP context %d/%d (%s) reused (%d bytes)", n, total, ", ".join(group),
+                         len(blobs[0]))
+            session.records.append(
+                ContextRecord(i, tuple(group), key, len(blobs[0]), reused, seconds))
+            for method, blob in zip(group, blobs, strict=True):
+                results[method].append(PreprocessResult(processed_bytes=blob, debug_handle_map={}))
     return results
 
 
@@ -302,15 +320,20 @@ _PATCH = ScopedPatch(_replacements)
 
 
 @contextlib.contextmanager
-def caching_contexts(cache: ContextCache, salt: str) -> Iterator[list[ContextRecord]]:
-    """While inside, QNN contexts come from `cache` when built before and go into it when not;
-    yields the records of the contexts this block built or reused, in order. Prunes the cache
-    after (keeping this block's)."""
+def building_contexts(
+    salt: str, *, per_method: bool, cache: ContextCache | None = None
+) -> Iterator[list[ContextRecord]]:
+    """While inside, QNN builds its contexts one partition at a time, and with `per_method` one
+    context per method (each method's graph apart: the methods' weights are not built at once);
+    with a `cache`, contexts built before come from it and new ones go into it as each is
+    built. Yields the records of the contexts built or reused, in order; prunes the cache after
+    (keeping this block's)."""
     records: list[ContextRecord] = []
-    token = _SESSION.set(_Session(cache, salt, records))
+    token = _SESSION.set(_Session(cache, salt, per_method, records))
     try:
         with _PATCH.active():
             yield records
     finally:
         _SESSION.reset(token)
-        cache.prune({r.key for r in records})
+        if cache is not None:
+            cache.prune({r.key for r in records})

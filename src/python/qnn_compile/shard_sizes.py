@@ -1,14 +1,15 @@
 """How big each HTP context of a sharded decoder will be, before compiling it (`--num-shards auto`).
 
-A context holds the graphs of every method for its layers (QNN builds one context per shard with
-prefill's and decode's graphs), and without weight sharing each graph its own copy of the
-weights. So per shard: the weights of its layers at the recipe's weight bits (matrices; vectors
-such as norms and biases at the activation width), once per method, plus a fixed overhead per
-graph. The embedding table goes with the first shard, the final norm and the output head with
-the last, as `shards.ShardLayers` places them. The KV cache is the methods' inputs and outputs on
-the HTP (the host keeps it), so it is not in the context. Measured on the emulator (SmolLM2-135M
-at 16a8w, one context: 392 MB for two copies of 106 M layer weights at 8 bits, the 28 M-entry
-embedding table at 16 and the head at 8, i.e. 2 x 191 MB, plus 10 MB of graphs).
+A context holds the graphs of its layers for one method (or, with weight sharing, every
+method's graph in one context: `context_cache.one_context_per_method`), each graph its own copy
+of the weights unless shared. So per shard's context: the weights of its layers at the recipe's
+weight bits (matrices; vectors such as norms and biases at the activation width), once per graph
+it holds, plus a fixed overhead per graph. The embedding table goes with the first shard, the
+final norm and the output head with the last, as `shards.ShardLayers` places them. The KV cache
+is the methods' inputs and outputs on the HTP (the host keeps it), so it is not in the context.
+Measured on the emulator (SmolLM2-135M at 16a8w, one shard: a context per method of 196 MB, its
+106 M layer weights at 8 bits, the 28 M-entry embedding table at 16 and the head at 8, plus 5 MB
+of graph).
 
 `auto` picks the fewest shards whose largest estimate fits `CONTEXT_LIMIT_BYTES`. The compile
 manifest records the estimate beside the contexts' measured bytes (`delegate_bytes`), which is how
@@ -58,7 +59,7 @@ class ShardEstimate:
     first_layer: int
     end_layer: int
     weight_bytes: int  # one copy of the shard's weights
-    methods: int
+    methods: int  # graphs in the context: 1 with a context per method
 
     @property
     def context_bytes(self) -> int:
@@ -174,9 +175,11 @@ class ShardPlan:
             {**e.to_json(), "measured_context_bytes": contexts[i] if i < len(contexts) else None}
             for i, e in enumerate(self.estimates)
         ]
-        if len(built) == len(shards):
-            for shard, record in zip(shards, built, strict=True):
-                shard.update(reused=record.reused, build_s=round(record.seconds, 3))
+        for i, shard in enumerate(shards):
+            mine = [r for r in built if r.index == i]
+            if mine:  # one context per method, or one for them all
+                shard.update(reused=all(r.reused for r in mine),
+                             build_s=round(sum(r.seconds for r in mine), 3))
         return {"requested": self.requested, "count": self.count,
                 "context_limit_bytes": CONTEXT_LIMIT_BYTES, "shards": shards}
 

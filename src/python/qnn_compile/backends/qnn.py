@@ -14,8 +14,9 @@ the performance mode is exposed, as `CompileConfig.htp_performance_mode`.
 
 from __future__ import annotations
 
+import contextlib
 import json
-from contextlib import AbstractContextManager
+from collections.abc import Iterator
 from importlib.metadata import version
 from typing import Any
 
@@ -27,8 +28,9 @@ from qnn_common.errors import ConfigValidationError
 from qnn_common.qnn_sdk import ready_qnn_sdk
 from qnn_common.recipes import Recipe
 from qnn_compile.backends import BackendLowering
-from qnn_compile.context_cache import ContextCache, caching_contexts
+from qnn_compile.context_cache import ContextCache, building_contexts, one_context_per_method
 from qnn_compile.shards import FALLBACK_OP, ShardLayers
+from qnn_compile.shared_constants import sharing_weights_with_qnn
 
 _POOLS = ("max_pool2d", "max_pool2d_with_indices", "avg_pool2d")
 
@@ -117,10 +119,19 @@ def lowering(config: CompileConfig) -> BackendLowering:
         # op builders find lifted constants; at the edge they would run too late.
         return pass_manager_cls().transform_for_export_pipeline(explicit_pool_strides(ep))
 
-    def context() -> AbstractContextManager[None]:
-        # The partitioner's op validation asks the active QnnManager; without one it makes its own.
-        manager: AbstractContextManager[None] = QnnManagerContext({"forward": specs})
-        return manager
+    per_method = one_context_per_method(config.weight_sharing)
+    salt = json.dumps(
+        {"executorch": version("executorch"), "torch": torch.__version__,
+         "qnn_sdk": {k: v for k, v in sdk.record().items() if k not in ("root", "source")}},
+        sort_keys=True, default=str)
+
+    @contextlib.contextmanager
+    def context() -> Iterator[None]:
+        # The partitioner's op validation asks the active QnnManager; without one it makes its
+        # own. Preprocess gets partitions sharing the program's weights, not copies of them.
+        with (QnnManagerContext({"forward": specs}), sharing_weights_with_qnn(),
+              building_contexts(salt, per_method=per_method)):
+            yield
 
     return BackendLowering(
         target=config.target,
@@ -147,10 +158,8 @@ def lowering(config: CompileConfig) -> BackendLowering:
         outside_by_design=frozenset({FALLBACK_OP}) if shards > 1 else frozenset(),
         # A context is a function of its partition, the specs and these tools: worth keeping,
         # since building them is most of a QNN compile (qnn_compile.context_cache).
-        payload_cache=lambda root: caching_contexts(ContextCache(root), salt=json.dumps(
-            {"executorch": version("executorch"), "torch": torch.__version__,
-             "qnn_sdk": {k: v for k, v in sdk.record().items() if k not in ("root", "source")}},
-            sort_keys=True, default=str)),
+        payload_cache=lambda root: building_contexts(
+            salt, per_method=per_method, cache=ContextCache(root)),
         tools={"qnn": sdk.qnn_version, "qnn_bridge": "yes" if sdk.bridged else "no"},
         record={
             **config.target.record(),
