@@ -1,7 +1,7 @@
 """HTP contexts kept by what they are built from, so a compile resumes where it stopped.
 
-A QNN compile spends most of its time building context binaries: one per partition, holding that
-partition's graph for every method (with `--num-shards N`, one per shard). Each is a pure function
+A QNN compile builds context binaries: one per partition and method (with `--num-shards N`, per
+shard), or one per partition for every method with weight sharing. Each is a pure function
 of the partition's programs (graph, node metadata, constants), the compile specs, the method names
 and the toolchain. So each is stored under a digest of exactly those, the moment QNN returns it:
 a compile killed at shard k finds shards 1..k-1 on its rerun and builds k..N; a compile whose

@@ -156,8 +156,8 @@ def lowering(config: CompileConfig) -> BackendLowering:
         expect_full_delegation=True,
         # The shards' cuts run on the CPU by design (an identity each).
         outside_by_design=frozenset({FALLBACK_OP}) if shards > 1 else frozenset(),
-        # A context is a function of its partition, the specs and these tools: worth keeping,
-        # since building them is most of a QNN compile (qnn_compile.context_cache).
+        # A context is a function of its partition, the specs and these tools: kept, a killed
+        # compile does not build again what it had built (qnn_compile.context_cache).
         payload_cache=lambda root: building_contexts(
             salt, per_method=per_method, cache=ContextCache(root)),
         tools={"qnn": sdk.qnn_version, "qnn_bridge": "yes" if sdk.bridged else "no"},
