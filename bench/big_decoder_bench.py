@@ -9,11 +9,11 @@ The architectures are the public configs of Llama-3.2-1B (hidden 2048, 16 layers
 intermediate 8192, vocab 128,256, tied embeddings, rope theta 500,000 with llama3 scaling) and
 Qwen2.5-0.5B (hidden 896, 24 layers, 14 / 2 heads, intermediate 4864, vocab 151,936, tied), with
 seeded random weights (real ones cannot be fetched here): what is measured is memory and time,
-which do not depend on the values. Each stage runs as its own CLI process
-(`stage_process.run_stage`, for its peak RSS): prepare with the KV cache as the methods' inputs
-and outputs, quantize for QNN (`--recipe`, nearest rounding unless `--gptq`), compile with
-`--num-shards` (default auto) and a context cache. Prints a Markdown table; `--json` writes the
-rows, the machine and the date.
+which do not depend on the values (the byte tokenizer stands in for the real one). Each stage
+runs as its own CLI process (`stage_process.run_stage`, for its peak RSS): prepare with the KV
+cache as the methods' inputs and outputs, quantize for QNN (`--recipe`, nearest rounding unless
+`--gptq`), compile with `--num-shards` (default auto) and a context cache. Prints a Markdown
+table; `--json` writes the rows, the machine and the date.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ import torch
 from stage_process import run_stage
 
 from qnn_common.manifest import load_manifest
+from qnn_prepare.tiny_decoders import byte_tokenizer
 
 ARCHS: dict[str, tuple[str, dict[str, Any]]] = {
     "llama-3.2-1b": ("llama", dict(
@@ -61,6 +62,9 @@ def save_decoder(arch: str, layers: int, directory: Path, seed: int = 1126) -> t
                   else Qwen2ForCausalLM(Qwen2Config(**shape)))
     params = sum(p.numel() for p in model.parameters())
     model.save_pretrained(directory)
+    # Token ids only index the embedding: the byte tokenizer's 256 are as good as the real
+    # vocabulary's for time and memory, and need no download.
+    byte_tokenizer().save_pretrained(directory)
     del model
     return directory, params
 
