@@ -27,26 +27,12 @@ from typing import Any
 import torch
 from stage_process import run_stage
 
-from qnn_common.llm import teacher_forced_logits
 from qnn_common.manifest import load_manifest
 from qnn_common.metrics import sqnr_db
-from qnn_common.stages import EVAL_INPUTS, PTE, llm_spec_of, rope_of
-from qnn_common.tensorio import load_samples
-from qnn_infer.generate import PteLm
-from qnn_infer.runtimes import delegates_in, prepare_runtime
+from qnn_infer.families.causal_lm import program_logits
 from qnn_prepare.smollm2 import SMOLLM2, save_smollm2
 
 PROMPT = "The capital of France is"
-
-
-def _logits(compiled: Path) -> list[torch.Tensor]:
-    manifest = load_manifest(compiled)
-    spec = llm_spec_of(compiled, manifest)
-    assert spec is not None, f"{compiled} is not a causal LM"
-    prepare_runtime(delegates_in(compiled / PTE))  # the QNN SDK, before the program loads
-    lm = PteLm(compiled / PTE, spec, rope_of(compiled, manifest))
-    texts = [sample[0] for sample in load_samples(compiled / EVAL_INPUTS)]
-    return teacher_forced_logits(lm.prefill, lm.decode, texts, spec)
 
 
 def main() -> None:
@@ -101,7 +87,7 @@ def main() -> None:
                        "--max-new-tokens", str(args.new_tokens), "-o", str(inf), "-q"], work)
             metrics = load_manifest(comp).metrics
             t = time.perf_counter()
-            logits = _logits(comp)
+            logits = program_logits(comp)
             if shards == 1:
                 reference = logits
             generation = load_manifest(inf).metrics["generation"]

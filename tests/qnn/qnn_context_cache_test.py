@@ -21,10 +21,10 @@ from qnn_common.recipes import Backend, Recipe
 from qnn_common.stages import CONTEXT_CACHE_DIR, PTE, CompileInput
 from qnn_compile import cli as compile_cli  # run as a child, which is killed
 from qnn_compile.api import run_compile
+from qnn_infer.families.causal_lm import program_logits
 from qnn_pipeline.context import PipelineContext
 from qnn_pipeline.orchestrator import run_pipeline
 from qnn_prepare.tiny_decoders import EOS_ID, VOCAB, byte_tokenizer
-from support.program_logits import teacher_forced
 
 LAYERS, SHARDS = 4, 3  # shards of 1, 2 and 1 layers
 CONTEXTS = 2 * SHARDS  # prefill's and decode's graphs of a shard in a context each
@@ -112,7 +112,7 @@ def test_a_compile_killed_after_its_first_context_resumes_there(
     # compute does not.
     whole = run_compile(CompileInput(prepared, CONFIG, tmp_path / "whole"))
     assert "contexts" not in whole.manifest.metrics  # no cache: nothing recorded
-    for a, b in zip(teacher_forced(out), teacher_forced(whole.artifact_dir), strict=True):
+    for a, b in zip(program_logits(out), program_logits(whole.artifact_dir), strict=True):
         assert torch.equal(a, b)
 
 

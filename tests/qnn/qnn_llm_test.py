@@ -28,7 +28,7 @@ from qnn_common.stages import (
 )
 from qnn_common.tensorio import load_program
 from qnn_infer.api import run_infer
-from qnn_infer.families.causal_lm import load_tokenizer, prompt_ids
+from qnn_infer.families.causal_lm import load_tokenizer, program_logits, prompt_ids
 from qnn_infer.generate import generate
 from qnn_pipeline.context import PipelineContext
 from qnn_pipeline.orchestrator import run_pipeline
@@ -36,7 +36,6 @@ from qnn_prepare.smollm2 import save_smollm2
 from qnn_quant.api import run_quantize
 from qnn_quant.fused_qdq import reference_module
 from qnn_quant.methods import module_runner
-from support.program_logits import teacher_forced
 
 SHAPES = {"max_seq_len": 64, "prefill_len": 16}
 
@@ -135,7 +134,7 @@ def test_two_shards_compute_what_one_context_does(out: Path) -> None:
     for shard in record["shards"]:
         ratio = shard["estimated_context_bytes"] / shard["measured_context_bytes"]
         assert 0.5 <= ratio <= 2.0, shard
-    for a, b in zip(teacher_forced(_compiled(whole)), teacher_forced(_compiled(split)),
+    for a, b in zip(program_logits(_compiled(whole)), program_logits(_compiled(split)),
                     strict=True):
         assert sqnr_db(a, b) >= 60
 

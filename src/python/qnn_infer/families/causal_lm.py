@@ -21,11 +21,12 @@ from qnn_common.config import InferConfig
 from qnn_common.errors import ArtifactError, ConfigValidationError
 from qnn_common.hf_untrusted import HF_LOAD, refuse_custom_code
 from qnn_common.llm import GenerationConfig, LlmSpec, feed, teacher_forced_logits
-from qnn_common.manifest import Manifest, begin_artifact
+from qnn_common.manifest import Manifest, begin_artifact, load_manifest
 from qnn_common.metrics import logits_accuracy, perplexity
 from qnn_common.noise import native_noise_filtered
 from qnn_common.stages import (
     EVAL_INPUTS,
+    PTE,
     REFERENCE_FAKE_QUANT,
     REFERENCE_FP32,
     TOKENIZER_DIR,
@@ -41,7 +42,7 @@ from qnn_infer.generate import Generation, PteLm, generate
 from qnn_infer.isolation import Rehearsal, Step, rehearse_unless_own
 from qnn_infer.program_check import check_program_matches
 from qnn_infer.pte import check_pte_header
-from qnn_infer.runtimes import prepare_runtime, set_cpu_threads
+from qnn_infer.runtimes import delegates_in, prepare_runtime, set_cpu_threads
 from qnn_infer.sealing import seal
 
 log = logging.getLogger(__name__)
@@ -77,6 +78,20 @@ def prompt_ids(tokenizer: Any | None, cfg: GenerationConfig, spec: LlmSpec) -> l
         # special tokens in already.
         return [int(i) for i in tokenizer(text, add_special_tokens=False)["input_ids"]]
     return [int(i) for i in tokenizer(cfg.prompt, add_special_tokens=False)["input_ids"]]
+
+
+def program_logits(compiled: Path) -> list[torch.Tensor]:
+    """A compile artifact's causal LM run teacher-forced on its eval texts, prefill then decode
+    as generation calls them (the QNN SDK made ready first for an HTP program): its logits per
+    text. For comparing programs (shard counts, a resumed compile) in tests and benches."""
+    manifest = load_manifest(compiled)
+    spec = llm_spec_of(compiled, manifest)
+    if spec is None:
+        raise ArtifactError(compiled, "holds no causal LM to run teacher-forced")
+    prepare_runtime(delegates_in(compiled / PTE))
+    lm = PteLm(compiled / PTE, spec, rope_of(compiled, manifest))
+    texts = [sample[0] for sample in load_samples(compiled / EVAL_INPUTS)]
+    return teacher_forced_logits(lm.prefill, lm.decode, texts, spec)
 
 
 def teacher_forced_accuracy(
