@@ -9,7 +9,7 @@ program changed in one layer range rebuilds the shards whose partitions changed 
 rest.
 
 The cut is `QnnBackend.preprocess_multimethod` (ExecuTorch calls it once with every partition of
-every method): replaced while `caching_contexts` is active, it builds each missing partition with
+every method): replaced while `building_contexts` is active, it builds each missing partition with
 the stock code, one partition at a time. Outside, the stock code runs.
 
 What the digest leaves out is metadata QNN does not read to build a context: source locations,
@@ -59,8 +59,8 @@ DEFAULT_BUDGET_BYTES = 8 * 1024**3
 @dataclass(frozen=True)
 class ContextRecord:
     """One context of a compile: its partition index, the methods whose graphs it holds, its
-    key, payload bytes, whether it came from the cache, and the seconds spent building it (0
-    when reused)."""
+    key (empty without a cache), payload bytes, whether it came from the cache, and the seconds
+    spent building it (0 when reused)."""
 
     index: int
     methods: tuple[str, ...]
@@ -286,7 +286,8 @@ def _preprocess_multimethod(
             n = len(session.records) + 1
             programs = {m: edge_programs[m][i] for m in group}
             specs = {m: compile_specs[m][i] for m in group}
-            key = partition_key(programs, specs, session.salt)
+            # Hashing every weight is only worth it where there is a cache to look in.
+            key = partition_key(programs, specs, session.salt) if session.cache is not None else ""
             blobs = session.cache.get(key, group) if session.cache is not None else None
             reused, seconds = blobs is not None, 0.0
             if blobs is None:

@@ -6,7 +6,7 @@ inside preprocess"): the graph, its metadata and every weight. For a decoder tha
 copy of all its weights alive while QNN builds its contexts, at the compile's peak. QNN's
 preprocess passes rewrite the graph and put any new constant in the copy's own tables; none
 writes into a tensor. So the copy here is deep for the graph and the tables and shares the
-tensors (`tests/qnn/qnn_pipeline_test.py` checks the program's constants are unchanged after a
+tensors (`tests/qnn/qnn_shared_weights_test.py` checks the program's constants are unchanged after a
 lowering and the outputs are those of the stock copy).
 """
 
