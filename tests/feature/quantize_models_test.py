@@ -1,13 +1,15 @@
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
+from typing import cast
 
 import pytest
 import torch
 
 from qnn_common.errors import ConfigValidationError
 from qnn_common.metrics import cosine, sqnr_db
-from qnn_common.recipes import Backend, Recipe
+from qnn_common.recipes import Backend, GroupMapping, Recipe
 from qnn_common.soc import lookup_soc
 from qnn_common.target import Target
 from qnn_prepare.calibration import make_calibration, random_samples, tokenize_like
@@ -306,6 +308,13 @@ def test_qnn_16a16w_is_not_dropped_and_is_precise(
     assert sqnr_db(ref, fake) > 60.0  # measured ~82 dB; 8a8w gives ~36 dB
 
 
+def blocks_of(program: torch.export.ExportedProgram) -> list[torch.fx.Node]:
+    """The per-block weight dequantizations of a quantized program."""
+    return [
+        n for n in program.graph.nodes if str(n.target) == "torchao.dequantize_affine.default"
+    ]
+
+
 @pytest.mark.parametrize("block_size", [16, 32])
 def test_qnn_16a4w_block_uses_block_weights(
     tiny_llama: tuple[LoadedModel, torch.export.ExportedProgram], block_size: int
@@ -320,11 +329,33 @@ def test_qnn_16a4w_block_uses_block_weights(
         block_size=block_size,
         progress=False,
     )
-    blocks = {
-        tuple(n.args[1]) for n in quantized.graph.nodes
-        if str(n.target) == "torchao.dequantize_affine.default"
-    }
-    assert blocks == {(1, block_size)}
+    blocks = {tuple(cast(Sequence[int], n.args[1])) for n in blocks_of(quantized)}
+    assert blocks == {(1, block_size, 1, 1)}
+    # Every linear of the decoder blocked, run as a 1x1 convolution (qnn_quant.quantizers.lpbq).
+    convs = [n for n in quantized.graph.nodes if n.target == torch.ops.aten.conv2d.default]
+    assert len(convs) == len(blocks_of(quantized))
+    # Symmetric blocks, the default: no linear is left.
+    assert not any(n.target == torch.ops.aten.linear.default for n in quantized.graph.nodes)
+    ref = _run(ep, calibration[0]).numpy()
+    assert sqnr_db(ref, _run(quantized, calibration[0]).numpy()) > 10.0
+
+
+def test_qnn_16a4w_block_asymmetric_adds_8_bit_group_offsets(
+    tiny_llama: tuple[LoadedModel, torch.export.ExportedProgram],
+) -> None:
+    model, ep = tiny_llama
+    calibration = make_calibration(model, num_samples=2, source=None, seed=1126)
+    quantized = quantize_program(
+        ep, target=Target(Backend.QNN, lookup_soc("SM8650")), recipe=Recipe.A16W4_BLOCK,
+        calibration=calibration, group_mapping=GroupMapping.ASYMMETRIC, progress=False,
+    )
+    linears = [n for n in quantized.graph.nodes if n.target == torch.ops.aten.linear.default]
+    # Per blocked layer an offset linear, per distinct input a group-sum linear: 8-bit per channel.
+    assert len(linears) > len(blocks_of(quantized))
+    for node in linears:
+        dq = node.args[1]
+        assert dq.target == torch.ops.quantized_decomposed.dequantize_per_channel.default
+        assert dq.args[-1] == torch.int8
     ref = _run(ep, calibration[0]).numpy()
     assert sqnr_db(ref, _run(quantized, calibration[0]).numpy()) > 10.0
 

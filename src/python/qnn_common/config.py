@@ -19,7 +19,6 @@ from qnn_common.gates import AccuracyGates, check_gate, default_accuracy_gates
 from qnn_common.llm_spec import GenerationConfig
 from qnn_common.recipes import (
     DEFAULT_EMBEDDING_WEIGHTS,
-    DEFAULT_GROUP_MAPPING,
     DEFAULT_GROUP_SIZE,
     Backend,
     EmbeddingWeights,
@@ -194,8 +193,10 @@ class QuantizeConfig:
     block_size: int = DEFAULT_LPBQ_BLOCK
     # 8da4w only: input channels per 4-bit weight scale (qnn_common.recipes.DEFAULT_GROUP_SIZE).
     group_size: int = DEFAULT_GROUP_SIZE
-    # 8da4w only: how a 4-bit group's levels map to values (qnn_common.recipes.GroupMapping).
-    group_mapping: GroupMapping = DEFAULT_GROUP_MAPPING
+    # 8da4w and 16a4w_block: how a 4-bit group's (or LPBQ block's) levels map to values
+    # (qnn_common.recipes.GroupMapping). None: the recipe's default (default_group_mapping:
+    # asymmetric for 8da4w, symmetric for 16a4w_block).
+    group_mapping: GroupMapping | None = None
     # 8da4w only: regexes over module paths of linear layers given int8 weights (one scale per
     # output channel). None: the default (a causal LM's output head, recipes.DEFAULT_INT8_WEIGHTS).
     int8_weights: tuple[str, ...] | None = None
@@ -222,7 +223,7 @@ class QuantizeConfig:
         if not isinstance(self.embedding_weights, EmbeddingWeights):
             object.__setattr__(self, "embedding_weights", parse_enum(
                 EmbeddingWeights, str(self.embedding_weights), "quantize.embedding_weights"))
-        if not isinstance(self.group_mapping, GroupMapping):
+        if self.group_mapping is not None and not isinstance(self.group_mapping, GroupMapping):
             object.__setattr__(self, "group_mapping", parse_enum(
                 GroupMapping, str(self.group_mapping), "quantize.group_mapping"))
         for name in ("keep_float", "dynamic_layers", "int8_weights"):
@@ -253,15 +254,21 @@ class QuantizeConfig:
                 "only the 16a4w_block (LPBQ) recipe quantizes weights in blocks",
             )
         check_group_size(self.backend, self.recipe, self.group_size, "quantize.group_size")
+        if self.group_mapping is not None and not self.recipe.has_weight_groups:
+            raise ConfigValidationError(
+                "quantize.group_mapping", self.group_mapping.value,
+                f"only 8da4w's groups and 16a4w_block's blocks map 4-bit levels one way or "
+                f"the other; {self.recipe.value} does not: drop group_mapping or use --recipe "
+                "8da4w (CPU) or 16a4w_block (QNN)",
+            )
         if not self.recipe.is_dynamic:
             for name, unset in (
-                ("group_mapping", DEFAULT_GROUP_MAPPING), ("int8_weights", None),
-                ("embedding_weights", DEFAULT_EMBEDDING_WEIGHTS),
+                ("int8_weights", None), ("embedding_weights", DEFAULT_EMBEDDING_WEIGHTS),
             ):
                 if getattr(self, name) != unset:
                     raise ConfigValidationError(
                         f"quantize.{name}", getattr(self, name),
-                        f"only 8da4w has 4-bit weight groups, int8 layers among them and "
+                        f"only 8da4w has int8 layers among its 4-bit weight groups and "
                         f"quantized embedding tables; "
                         f"{self.recipe.value} does not: drop {name} or use --recipe 8da4w",
                     )

@@ -52,6 +52,12 @@ class Recipe(enum.StrEnum):
         return self is Recipe.A8DW4
 
     @property
+    def has_weight_groups(self) -> bool:
+        """Whether 4-bit weights come in groups of input channels, each with its own scale
+        (8da4w's groups, 16a4w_block's LPBQ blocks): what `GroupMapping` applies to."""
+        return self in (Recipe.A8DW4, Recipe.A16W4_BLOCK)
+
+    @property
     def activation_bits(self) -> int | None:
         return None if not self.is_quantized else int(self.value.split("a")[0].rstrip("d"))
 
@@ -208,7 +214,8 @@ GROUP_SIZE_MULTIPLE = 32
 
 
 class GroupMapping(enum.StrEnum):
-    """8da4w: how a 4-bit weight group's 16 levels map to values (`qnn_quant.intx`)."""
+    """8da4w and 16a4w_block: how a 4-bit weight group's (or LPBQ block's) 16 levels map to
+    values (`qnn_quant.intx`, `qnn_quant.quantizers.lpbq`)."""
 
     # levels from the group's minimum to its maximum: `scale * q + minimum`, the form of GGUF's
     # Q4_1 and of GPTQ / AWQ checkpoints. XNNPACK's 4-bit kernels hold no offset, so it runs as a
@@ -221,6 +228,14 @@ class GroupMapping(enum.StrEnum):
 
 
 DEFAULT_GROUP_MAPPING = GroupMapping.ASYMMETRIC
+
+
+def default_group_mapping(recipe: Recipe) -> GroupMapping:
+    """8da4w's groups min/max (DEFAULT_GROUP_MAPPING); 16a4w_block's LPBQ blocks symmetric, as
+    upstream's. Asymmetric LPBQ blocks cost two small linears per layer input and a second
+    rounding of weights not already on a min/max grid; they pay off on weights that are (GGUF
+    Q4_1, GPTQ checkpoints: docs/quantization.md)."""
+    return GroupMapping.SYMMETRIC if recipe is Recipe.A16W4_BLOCK else DEFAULT_GROUP_MAPPING
 # 8da4w: linears whose weights get int8 (one scale per output channel) instead of 4-bit groups.
 # A causal LM's output head reads the residual stream's every feature into 49k-256k logits, and
 # is the one linear whose 4-bit rounding moves the next-token choice most (measured per layer

@@ -83,8 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--group-size", type=int,
                    help="8da4w: input channels per 4-bit weight scale (default: 32)")
     p.add_argument("--group-mapping", choices=[m.value for m in GroupMapping],
-                   help="8da4w: 4-bit groups from their minimum to their maximum (asymmetric, "
-                   "the default) or symmetric around 0 (upstream's); qnn-quant --help says more")
+                   help="8da4w and 16a4w_block: 4-bit groups (LPBQ blocks) from their minimum "
+                   "to their maximum (asymmetric, 8da4w's default) or symmetric around 0 "
+                   "(upstream's, 16a4w_block's default); qnn-quant --help says more")
     p.add_argument("--embedding-weights", choices=[e.value for e in EmbeddingWeights],
                    help="8da4w: embedding tables as int8 groups (8w, the default), 4-bit groups "
                    "(4w) or float")

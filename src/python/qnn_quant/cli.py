@@ -19,7 +19,6 @@ from qnn_common.cli_support import (
 from qnn_common.config import DEFAULT_LPBQ_BLOCK, QuantizeConfig
 from qnn_common.recipes import (
     DEFAULT_EMBEDDING_WEIGHTS,
-    DEFAULT_GROUP_MAPPING,
     DEFAULT_GROUP_SIZE,
     DEFAULT_INT8_WEIGHTS,
     Backend,
@@ -67,11 +66,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="8da4w: input channels per 4-bit weight scale; a multiple of 32 on "
                    "xnnpack (default: %(default)s, as ExecuTorch's LLM export)")
     p.add_argument("--group-mapping", choices=[m.value for m in GroupMapping],
-                   default=DEFAULT_GROUP_MAPPING.value,
-                   help="8da4w: a 4-bit group's levels from its minimum to its maximum "
-                   "(asymmetric: GGUF Q4_1's and GPTQ checkpoints' form, run as a symmetric "
-                   "GEMM plus a float offset per group) or symmetric around 0 (upstream's "
-                   "HQQ scales, one GEMM). Default: %(default)s")
+                   help="8da4w and 16a4w_block: a 4-bit group's (LPBQ block's) levels from its "
+                   "minimum to its maximum (asymmetric: GGUF Q4_1's and GPTQ checkpoints' "
+                   "form, run as a symmetric GEMM plus each group's offset times its inputs' "
+                   "sum) or symmetric around 0 (upstream's: 8da4w's HQQ scales, LPBQ's "
+                   "block maxima; one GEMM). Default: asymmetric for 8da4w, symmetric "
+                   "for 16a4w_block")
     p.add_argument("--int8-weights", action="append", metavar="REGEX",
                    help="8da4w: give linear layers whose module path matches int8 weights, one "
                    "scale per output channel (repeatable). Default: a causal LM's output head "
@@ -103,7 +103,8 @@ def _main(argv: Sequence[str] | None) -> int:
         per_channel=not args.per_tensor,
         block_size=args.block_size,
         group_size=args.group_size,
-        group_mapping=parse_enum(GroupMapping, args.group_mapping, "--group-mapping"),
+        group_mapping=None if args.group_mapping is None else parse_enum(
+            GroupMapping, args.group_mapping, "--group-mapping"),
         embedding_weights=parse_enum(
             EmbeddingWeights, args.embedding_weights, "--embedding-weights"),
         int8_weights=None if args.int8_weights is None else tuple(

@@ -141,3 +141,73 @@ def constant_weight_views_folded(gm: torch.fx.GraphModule) -> int:
         gm.graph.lint()
         gm.recompile()
     return count
+
+
+def linears_as_pointwise_convs(gm: torch.fx.GraphModule, wanted: Any) -> list[torch.fx.Node]:
+    """Rewrite each constant-weight linear for which `wanted(node)` holds as a 1x1 convolution
+    in place (upstream's `convert_linear_to_conv2d`, done on the graph); the new conv nodes.
+
+    `x (..., in)` is viewed as `(1, in, 1, N)` (N the leading dims' product), convolved with the
+    weight viewed as `(out, in, 1, 1)`, and viewed back as `(..., out)`: the same values. The
+    HTP's block-quantized (LPBQ) weights are right on pointwise convolutions, which is how
+    upstream runs its LLMs' linears, and wrong on QNN's FullyConnected op on the x86 emulator
+    (docs/known-limits.md). Every new node keeps the linear's metadata (its module path).
+    """
+    from torch._guards import detect_fake_mode
+
+    convs: list[torch.fx.Node] = []
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target is not aten.linear.default:
+            continue
+        x, weight = node.args[:2]
+        bias = node.args[2] if len(node.args) > 2 else node.kwargs.get("bias")
+        if not _constant(weight) or not wanted(node):
+            continue
+        assert isinstance(x, torch.fx.Node) and isinstance(weight, torch.fx.Node)
+        fake_mode = detect_fake_mode([x.meta["val"]])
+        assert fake_mode is not None  # export metadata holds fake tensors
+        holder, leaf = owner(gm, str(weight.target))
+        value = getattr(holder, leaf).detach()
+        out_features, in_features = value.shape
+        out_shape = list(node.meta["val"].shape)
+        if len(out_shape) < 2 or not all(isinstance(size, int) for size in out_shape):
+            continue  # one row (upstream's rewrite takes 2-D and 3-D), or a dynamic dim
+        rows = 1
+        for size in out_shape[:-1]:
+            rows *= size
+        pointwise = value.reshape(out_features, in_features, 1, 1)
+        name = add_param(gm, f"{weight.target}_pointwise", pointwise)
+
+        def emit(
+            target: Any, args: tuple[Any, ...], val: torch.Tensor, like: torch.fx.Node = node
+        ) -> torch.fx.Node:
+            new = gm.graph.call_function(target, args)
+            new.meta = {**like.meta, "val": val}
+            return new
+
+        with gm.graph.inserting_before(node):
+            conv_weight = gm.graph.get_attr(name)
+            conv_weight.meta = {**weight.meta, "val": fake_mode.from_tensor(pointwise)}
+            with fake_mode:
+                rows_val = x.meta["val"].reshape(1, rows, 1, in_features)
+                image_val = rows_val.transpose(1, 3)
+                conv_val = torch.ops.aten.conv2d.default(
+                    image_val, conv_weight.meta["val"],
+                    bias.meta["val"] if isinstance(bias, torch.fx.Node) else None,
+                )
+                back_val = conv_val.permute(0, 3, 1, 2)
+                out_val = back_val.reshape(out_shape)
+            as_rows = emit(aten.reshape.default, (x, [1, rows, 1, in_features]), rows_val)
+            image = emit(aten.transpose.int, (as_rows, 1, 3), image_val)
+            conv = emit(aten.conv2d.default, (image, conv_weight, bias), conv_val)
+            back = emit(aten.permute.default, (conv, [0, 3, 1, 2]), back_val)
+            out = emit(aten.reshape.default, (back, out_shape), out_val)
+        assert out_features == out_shape[-1]
+        node.replace_all_uses_with(out)
+        gm.graph.erase_node(node)
+        convs.append(conv)
+    if convs:
+        gm.graph.eliminate_dead_code()
+        gm.graph.lint()
+        gm.recompile()
+    return convs

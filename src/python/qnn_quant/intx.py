@@ -167,7 +167,7 @@ def _torchao_weight(weight: torch.Tensor, config: Any) -> nn.Parameter:
     return holder.weight
 
 
-def _group_sums(
+def group_sums_node(
     gm: torch.fx.GraphModule, node: torch.fx.Node, in_f: int, group_size: int, path: str
 ) -> torch.fx.Node:
     """A node right after linear `node` that sums its input over each group of `group_size`
@@ -183,12 +183,12 @@ def _group_sums(
         return gm.graph.call_function(torch.ops.aten.linear.default, (node.args[0], matrix))
 
 
-def _add_group_offset(
+def add_group_offset(
     gm: torch.fx.GraphModule, node: torch.fx.Node, offset: torch.Tensor, sums: torch.fx.Node,
     path: str,
-) -> None:
+) -> tuple[torch.fx.Node, torch.fx.Node]:
     """After linear `node`: + linear(sums, offset), the asymmetric groups' constants times
-    their inputs' sums; `node`'s users read the total."""
+    their inputs' sums; `node`'s users read the total. The (offset linear, add) nodes."""
     graph = gm.graph
     name = add_param(gm, f"{path}.group_offset", offset)
     with graph.inserting_before(node):
@@ -198,6 +198,7 @@ def _add_group_offset(
     with graph.inserting_after(shift):
         total = graph.call_function(torch.ops.aten.add.Tensor, (node, shift))
     node.replace_all_uses_with(total, delete_user_cb=lambda user: user is not total)
+    return shift, total
 
 
 def _linear_weight(gm: torch.fx.GraphModule, node: torch.fx.Node) -> torch.fx.Node | None:
@@ -267,8 +268,8 @@ def quantize_graph_8da4w(
             x = node.args[0]
             assert isinstance(x, torch.fx.Node)
             if x not in group_sums:
-                group_sums[x] = _group_sums(gm, node, weight.shape[1], group_size, path)
-            _add_group_offset(gm, node, offset, group_sums[x], path)
+                group_sums[x] = group_sums_node(gm, node, weight.shape[1], group_size, path)
+            add_group_offset(gm, node, offset, group_sums[x], path)
             result.offset_parameters += offset.numel()
     # No float weight is left unread: a weight only the linear read is replaced under its own
     # name, a shared one is still read by its other users. (pt2e.drop_unused_tensors would

@@ -13,7 +13,7 @@ from torch import nn
 from qnn_common.config import QuantizeConfig
 from qnn_common.errors import ConfigValidationError
 from qnn_common.metrics import sqnr_db
-from qnn_common.recipes import Backend, GroupMapping, Recipe
+from qnn_common.recipes import Backend, GroupMapping, Recipe, default_group_mapping
 from qnn_common.target import Target
 from qnn_quant.intx import quantize_program_8da4w, split_asymmetric
 from qnn_quant.report import accuracy_report
@@ -114,13 +114,19 @@ def test_the_output_head_gets_int8_weights_by_default() -> None:
     assert sqnr_db(ref, out) >= 30
 
 
-def test_group_mapping_and_int8_weights_belong_to_8da4w() -> None:
+def test_group_mapping_belongs_to_grouped_recipes_and_int8_weights_to_8da4w() -> None:
     # A TOML file or the CLI hands the value over as a string.
     as_text: Any = "symmetric"
     assert QuantizeConfig(recipe=Recipe.A8DW4, group_mapping=as_text).group_mapping is (
         GroupMapping.SYMMETRIC
     )
-    with pytest.raises(ConfigValidationError, match="only 8da4w has 4-bit weight groups"):
+    lpbq = QuantizeConfig(backend=Backend.QNN, recipe=Recipe.A16W4_BLOCK, soc="SM8650",
+                          group_mapping=cast(Any, "asymmetric"))
+    assert lpbq.group_mapping is GroupMapping.ASYMMETRIC
+    # Unset: each recipe's own default.
+    assert default_group_mapping(Recipe.A8DW4) is GroupMapping.ASYMMETRIC
+    assert default_group_mapping(Recipe.A16W4_BLOCK) is GroupMapping.SYMMETRIC
+    with pytest.raises(ConfigValidationError, match="only 8da4w's groups and 16a4w_block's"):
         QuantizeConfig(recipe=Recipe.A8W8, group_mapping=GroupMapping.SYMMETRIC)
     with pytest.raises(ConfigValidationError, match="only 8da4w"):
         QuantizeConfig(recipe=Recipe.A8W8, int8_weights=("lm_head",))

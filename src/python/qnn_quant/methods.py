@@ -25,13 +25,13 @@ from qnn_common.llm import DECODE, PREFILL, LlmSpec, MethodRunner, feed, method_
 from qnn_common.noise import native_noise_filtered
 from qnn_common.recipes import (
     DEFAULT_EMBEDDING_WEIGHTS,
-    DEFAULT_GROUP_MAPPING,
     DEFAULT_GROUP_SIZE,
     EmbeddingWeights,
     GroupMapping,
     Recipe,
     WeightRounding,
     check_weight_rounding,
+    default_group_mapping,
     default_weight_rounding,
 )
 from qnn_common.target import Target
@@ -77,7 +77,7 @@ def quantize_causal_lm(
     weight_rounding: WeightRounding | None = None,
     dynamic_layers: Sequence[str] | None = None,
     group_size: int = DEFAULT_GROUP_SIZE,
-    group_mapping: GroupMapping = DEFAULT_GROUP_MAPPING,
+    group_mapping: GroupMapping | None = None,
     int8_weights: Sequence[str] | None = None,
     embedding_weights: EmbeddingWeights = DEFAULT_EMBEDDING_WEIGHTS,
 ) -> tuple[dict[str, ExportedProgram], GptqResult | IntxResult | None]:
@@ -97,7 +97,7 @@ def quantize_causal_lm(
     if recipe.is_dynamic:
         return quantize_methods_8da4w(
             programs, target=target, group_size=group_size, keep_float=keep_float,
-            mapping=group_mapping, int8_weights=int8_weights,
+            mapping=group_mapping or default_group_mapping(recipe), int8_weights=int8_weights,
             embedding_weights=embedding_weights, calibration_samples=len(calibration),
         )
     bits = weight_bits(recipe)
@@ -124,7 +124,7 @@ def quantize_causal_lm(
     prepared = {
         method: prepare_program(
             ep, target=target, recipe=recipe, per_channel=per_channel, block_size=block_size,
-            graph_module=graphs[method], plan=plans[method],
+            group_mapping=group_mapping, graph_module=graphs[method], plan=plans[method],
         )
         for method, ep in programs.items()
     }

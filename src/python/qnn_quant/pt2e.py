@@ -28,7 +28,6 @@ from qnn_common.noise import printed_noise_filtered
 from qnn_common.program_state import initial_buffers_kept
 from qnn_common.recipes import (
     DEFAULT_EMBEDDING_WEIGHTS,
-    DEFAULT_GROUP_MAPPING,
     DEFAULT_GROUP_SIZE,
     EmbeddingWeights,
     GroupMapping,
@@ -36,6 +35,7 @@ from qnn_common.recipes import (
     WeightRounding,
     check_recipe,
     check_weight_rounding,
+    default_group_mapping,
     default_weight_rounding,
 )
 from qnn_common.target import Target
@@ -62,7 +62,7 @@ def quantize_program(
     weight_rounding: WeightRounding | None = None,
     dynamic_layers: Sequence[str] | None = None,
     group_size: int = DEFAULT_GROUP_SIZE,
-    group_mapping: GroupMapping = DEFAULT_GROUP_MAPPING,
+    group_mapping: GroupMapping | None = None,
     int8_weights: Sequence[str] | None = None,
     embedding_weights: EmbeddingWeights = DEFAULT_EMBEDDING_WEIGHTS,
 ) -> ExportedProgram:
@@ -78,8 +78,9 @@ def quantize_program(
     `weight_rounding` None means the recipe's default (GPTQ for 4-bit per-channel weights,
     `qnn_common.recipes.default_weight_rounding`). `group_size`: input channels per 4-bit weight
     scale of 8da4w, which calibrates nothing (`qnn_quant.intx`; the samples are not run);
-    `group_mapping` and `int8_weights` (None: the output head) its groups' form and the linears
-    it gives int8 weights instead; `embedding_weights` its embedding tables' form.
+    `group_mapping` its groups' form (and 16a4w_block's blocks', `qnn_quant.quantizers.lpbq`;
+    None: the recipe's default), `int8_weights` (None: the output head) the linears it gives
+    int8 weights instead; `embedding_weights` its embedding tables' form.
     Raises ConfigValidationError for float recipes, recipes the backend cannot run, bad patterns
     and calibration samples that do not fit the program. A sample is a tuple of positional
     arguments, or `ModelInputs` for a program that takes keyword arguments.
@@ -107,7 +108,7 @@ def quantize_program_with_gptq(
     weight_rounding: WeightRounding | None = None,
     dynamic_layers: Sequence[str] | None = None,
     group_size: int = DEFAULT_GROUP_SIZE,
-    group_mapping: GroupMapping = DEFAULT_GROUP_MAPPING,
+    group_mapping: GroupMapping | None = None,
     int8_weights: Sequence[str] | None = None,
     embedding_weights: EmbeddingWeights = DEFAULT_EMBEDDING_WEIGHTS,
 ) -> tuple[ExportedProgram, GptqResult | IntxResult | None]:
@@ -119,7 +120,7 @@ def quantize_program_with_gptq(
     if recipe.is_dynamic:
         return quantize_program_8da4w(
             ep, target=target, group_size=group_size, keep_float=keep_float,
-            mapping=group_mapping, int8_weights=int8_weights,
+            mapping=group_mapping or default_group_mapping(recipe), int8_weights=int8_weights,
             embedding_weights=embedding_weights, calibration_samples=len(calibration),
         )
     samples = _check_calibration(ep, calibration)
@@ -142,7 +143,7 @@ def quantize_program_with_gptq(
             )
         prepared = prepare_program(
             ep, target=target, recipe=recipe, per_channel=per_channel, block_size=block_size,
-            graph_module=graph_module, plan=plan,
+            group_mapping=group_mapping, graph_module=graph_module, plan=plan,
         )
         run(prepared, "calibrate")
     if result is not None:
@@ -177,6 +178,7 @@ def prepare_program(
     recipe: Recipe,
     per_channel: bool = True,
     block_size: int = DEFAULT_LPBQ_BLOCK,
+    group_mapping: GroupMapping | None = None,
     keep_float: Sequence[str] | None = None,
     dynamic_layers: Sequence[str] | None = None,
     graph_module: torch.fx.GraphModule | None = None,
@@ -198,7 +200,8 @@ def prepare_program(
     if plan is None:
         plan = plan_layers(graph_module, target, recipe, keep_float, dynamic_layers)
     spec = QuantizerSpec(
-        target, recipe, per_channel, block_size, plan.float_nodes, plan.dynamic_nodes
+        target, recipe, per_channel, block_size, plan.float_nodes, plan.dynamic_nodes,
+        group_mapping or default_group_mapping(recipe),
     )
     quantizer = quantizer_for(spec, graph_module)
     # The QNN quantizer print()s a line per node of an op it has no config for (dropout...).

@@ -9,7 +9,7 @@ import torch
 
 from qnn_common.config import DEFAULT_LPBQ_BLOCK
 from qnn_common.errors import BackendNotAvailableError
-from qnn_common.recipes import Backend, Recipe
+from qnn_common.recipes import Backend, GroupMapping, Recipe
 from qnn_common.target import Target
 
 
@@ -18,8 +18,8 @@ class QuantizerSpec:
     """What a quantizer is built for: a target and recipe, and the choices within them.
 
     `float_nodes` names the graph nodes to leave in float, `dynamic_nodes` the linear nodes whose
-    activations are quantized at run time (`qnn_quant.layers`); `block_size` matters to
-    16a4w_block (LPBQ) only.
+    activations are quantized at run time (`qnn_quant.layers`); `block_size` and
+    `group_mapping` matter to 16a4w_block (LPBQ) only (8da4w does not use a PT2E quantizer).
     """
 
     target: Target
@@ -28,6 +28,7 @@ class QuantizerSpec:
     block_size: int = DEFAULT_LPBQ_BLOCK
     float_nodes: frozenset[str] = frozenset()
     dynamic_nodes: frozenset[str] = frozenset()
+    group_mapping: GroupMapping = GroupMapping.SYMMETRIC  # default_group_mapping(16a4w_block)
 
 
 class QuantizerProvider(Protocol):

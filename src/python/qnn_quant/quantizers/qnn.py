@@ -3,13 +3,12 @@
 set_default_quant_config(QuantDtype, per-channel conv and linear, MinMaxObserver activations; see
 `quantizer` for why not its default observer). 16a4w_block additionally sets per-block (LPBQ)
 weights on every linear and 1x1 convolution whose input channels divide into blocks of the
-configured size (`_blockable`); other weights stay 4-bit per channel.
+configured size, in the graph `qnn_quant.quantizers.lpbq` prepares for it.
 """
 
 from __future__ import annotations
 
 import contextlib
-import copy
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -18,7 +17,7 @@ import torch
 
 from qnn_common.errors import ConfigValidationError
 from qnn_common.recipes import Recipe
-from qnn_quant.quantizers import QuantizerSpec
+from qnn_quant.quantizers import QuantizerSpec, lpbq
 
 # Recipe -> QuantDtype member name. Looked up by name and tested with `is None`: QuantDtype is an
 # IntEnum whose use_16a16w is 0, so `if dtype:` would silently drop 16a16w.
@@ -111,69 +110,15 @@ def _no_qnn_sdk_download() -> Iterator[None]:
         qnn_sdk_setup._sdk_ready = was_ready
 
 
-def _blockable(node: torch.fx.Node, block: int) -> torch.fx.Node | None:
-    """The weight of a linear, or of an ungrouped 1x1 (pointwise) 2-D convolution, whose input
-    channels divide into blocks; None for any other node.
-
-    Larger convolution windows are left per channel: QNN 2.51's emulator computes garbage for
-    a blocked 3x3 convolution, both with a block spanning the window (one scale per output
-    channel and input block, the only layout QNN's blockwise expansion can hold) and with
-    upstream's `(1, block, 1, 1)`, where a blocked 1x1 convolution matches the fake-quantized
-    model (docs/known-limits.md). Upstream blocks 1x1 convolutions: its LLMs run their linears
-    as them."""
-    weight = node.args[1] if node.op == "call_function" and len(node.args) > 1 else None
-    if not isinstance(weight, torch.fx.Node):
-        return None
-    val = weight.meta.get("val")
-    if not isinstance(val, torch.Tensor) or val.dim() < 2 or val.shape[1] % block:
-        return None
-    if node.target == torch.ops.aten.linear.default:
-        return weight
-    if node.target == torch.ops.aten.conv2d.default:
-        groups = node.args[6] if len(node.args) > 6 else 1
-        if groups == 1 and tuple(val.shape[2:]) == (1, 1):
-            return weight
-    return None
-
-
-def _lpbq_block_sizes(gm: torch.fx.GraphModule, block: int) -> dict[str, tuple[int, ...]]:
-    """Block sizes for every blockable node (and its weight): one scale per `block` input
-    channels of each output channel."""
-    sizes: dict[str, tuple[int, ...]] = {}
-    for node in gm.graph.nodes:
-        weight = _blockable(node, block)
-        if weight is not None:
-            size = (1, block, *([1] * (weight.meta["val"].dim() - 2)))
-            sizes[node.name] = size
-            sizes[weight.name] = size
-    return sizes
-
-
-def _own_block_observers(quantizer: Any) -> None:
-    """Give each blocked node its own weight-observer constructor.
-
-    ExecuTorch 1.5.1's annotators write a node's block size into the keywords of the per-block
-    config's observer constructor, one object shared by every blocked node, and the observers
-    are built only after all nodes are annotated: every weight got the last node's block size.
-    Harmless while every block was a linear's `(1, block)`; with 1x1 convolutions beside them
-    a linear's 2-D weight would be observed in 4-D blocks (and a 3x3 convolution, when it was
-    tried, in its successor's 1x1 blocks)."""
-    shared = quantizer._get_quant_config
-
-    def own(node: torch.fx.Node) -> Any:
-        config = shared(node)
-        if getattr(config, "block_size", None) is None:
-            return config
-        return copy.deepcopy(config)
-
-    quantizer._get_quant_config = own
-
-
 def quantizer(spec: QuantizerSpec, gm: torch.fx.GraphModule) -> Any:
     """QnnQuantizer for the target's SoC at the recipe: per-channel conv / linear by default."""
     recipe, soc = spec.recipe, spec.target.soc
     assert soc is not None  # Target guarantees a SoC for qnn
-    from executorch.backends.qualcomm.quantizer.quantizer import QnnQuantizer, QuantDtype
+    from executorch.backends.qualcomm.quantizer.quantizer import (
+        ModuleQConfig,
+        QnnQuantizer,
+        QuantDtype,
+    )
     from executorch.backends.qualcomm.serialization.qc_schema import QcomChipset
     from torchao.quantization.pt2e import MinMaxObserver
 
@@ -206,7 +151,13 @@ def quantizer(spec: QuantizerSpec, gm: torch.fx.GraphModule) -> Any:
         act_observer=MinMaxObserver,
     )
     if recipe is Recipe.A16W4_BLOCK:
-        sizes = _lpbq_block_sizes(gm, spec.block_size)
+        offsets_config = ModuleQConfig(
+            QuantDtype.use_16a8w, is_conv_per_channel=True, is_linear_per_channel=True,
+            act_observer=MinMaxObserver,
+        )
+        sizes = lpbq.configure(
+            quantizer, gm, spec.block_size, spec.group_mapping, spec.float_nodes, offsets_config
+        )
         if not sizes:
             raise ConfigValidationError(
                 "quantize.block_size", spec.block_size,
@@ -214,8 +165,6 @@ def quantizer(spec: QuantizerSpec, gm: torch.fx.GraphModule) -> Any:
                 "multiple of it, so nothing would be block-quantized; pick a divisor of the "
                 "input sizes, or 16a4w for 4-bit weights per channel",
             )
-        quantizer.set_block_size_map(sizes)
-        _own_block_observers(quantizer)
     if spec.float_nodes:
         quantizer.add_discard_nodes(sorted(spec.float_nodes))
     upstream_transform = quantizer.transform_for_annotation

@@ -1,10 +1,14 @@
-"""The QNN quantizer's graph rewrite, on a real exported graph."""
+"""The QNN quantizer's graph rewrites (integer casts, LPBQ's), on real exported graphs."""
 
 from __future__ import annotations
 
+import operator
+
 import torch
 
-from qnn_quant.quantizers.qnn import _integer_casts_as_adds, _lpbq_block_sizes
+from qnn_common.recipes import GroupMapping
+from qnn_quant.quantizers.lpbq import block_sizes, configure, split_group_offsets
+from qnn_quant.quantizers.qnn import _integer_casts_as_adds
 
 
 class _MaskedSum(torch.nn.Module):
@@ -53,7 +57,7 @@ def test_lpbq_blocks_linears_and_ungrouped_pointwise_convs_only() -> None:
     convs = [n for n in gm.graph.nodes if n.target == torch.ops.aten.conv2d.default]
     (linear,) = (n for n in gm.graph.nodes if n.target == torch.ops.aten.linear.default)
 
-    sizes = _lpbq_block_sizes(gm, 16)
+    sizes = block_sizes(gm, 16)
 
     pointwise, spatial, grouped, narrow = convs
     assert sizes[pointwise.name] == sizes[pointwise.args[1].name] == (1, 16, 1, 1)
@@ -61,4 +65,109 @@ def test_lpbq_blocks_linears_and_ungrouped_pointwise_convs_only() -> None:
     assert spatial.name not in sizes and grouped.name not in sizes
     # The linear's 8 inputs are not a whole block of 16; at blocks of 8 it is blocked.
     assert linear.name not in sizes
-    assert _lpbq_block_sizes(gm, 8)[linear.name] == (1, 8)
+    assert block_sizes(gm, 8)[linear.name] == (1, 8)
+
+
+class _Mlp(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.up = torch.nn.Linear(64, 96)
+        self.down = torch.nn.Linear(96, 64, bias=False)
+        self.odd = torch.nn.Linear(64, 10)  # 10 outputs, but 64 inputs: blockable
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.odd(self.down(torch.relu(self.up(x))) + x)
+        return out
+
+
+def _q4_1_grid(weight: torch.Tensor, block: int) -> torch.Tensor:
+    """`weight` moved onto a min/max 4-bit grid per block (GGUF Q4_1's form)."""
+    out_f, in_f = weight.shape
+    groups = weight.reshape(out_f, in_f // block, block)
+    low, high = groups.amin(-1, keepdim=True), groups.amax(-1, keepdim=True)
+    scale = (high - low) / 15
+    return (torch.round((groups - low) / scale) * scale + low).reshape(out_f, in_f)
+
+
+def _linears(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
+    return [n for n in gm.graph.nodes if n.target == torch.ops.aten.linear.default]
+
+
+def test_group_offsets_leave_symmetric_blocks_and_compute_the_same() -> None:
+    torch.manual_seed(0)
+    model = _Mlp()
+    with torch.no_grad():
+        for layer in (model.up, model.down, model.odd):
+            layer.weight.copy_(_q4_1_grid(layer.weight, 32))
+    x = torch.randn(2, 5, 64)
+    gm = torch.export.export(model, (x,), strict=False).module()
+    expected = gm(x)
+
+    added = split_group_offsets(gm, 32, lambda node: True)
+
+    # Per linear a group-sum and a group-offset linear (each reads an input of its own).
+    assert len(_linears(gm)) == 3 + 3 + 3 and len(added) == 6
+    torch.testing.assert_close(gm(x), expected, rtol=1e-4, atol=1e-4)
+    for node in _linears(gm):
+        if node.name in added:
+            continue
+        weight_node = node.args[1]
+        assert isinstance(weight_node, torch.fx.Node)
+        weight = operator.attrgetter(str(weight_node.target))(gm)
+        blocks = weight.reshape(weight.shape[0], -1, 32)
+        # What LPBQ holds: each block symmetric, -8..7 steps of one scale.
+        scale = (blocks.amax(-1) - blocks.amin(-1)) / 15
+        torch.testing.assert_close(blocks.amin(-1), -8 * scale, rtol=1e-4, atol=1e-6)
+    for node in gm.graph.nodes:
+        if node.op == "call_function":
+            assert isinstance(node.meta["val"], torch.Tensor)  # what quantizers read
+
+
+class _Quantizer:
+    """Records what `configure` tells a QnnQuantizer."""
+
+    def __init__(self) -> None:
+        self.sizes: dict[str, tuple[int, ...]] = {}
+        self.offset_rule: object = None
+
+    def set_block_size_map(self, sizes: dict[str, tuple[int, ...]]) -> None:
+        self.sizes = sizes
+
+    def set_submodule_qconfig_list(self, rules: list[tuple[object, object]]) -> None:
+        ((self.offset_rule, _),) = rules
+
+    def _get_quant_config(self, node: torch.fx.Node) -> None:
+        return None
+
+
+def test_configure_runs_blocked_linears_as_pointwise_convs() -> None:
+    torch.manual_seed(0)
+    x = torch.randn(2, 5, 64)
+    gm = torch.export.export(_Mlp(), (x,), strict=False).module()
+    expected = gm(x)
+    quantizer = _Quantizer()
+
+    sizes = configure(quantizer, gm, 32, GroupMapping.ASYMMETRIC, frozenset(), "8-bit")
+
+    convs = [n for n in gm.graph.nodes if n.target == torch.ops.aten.conv2d.default]
+    assert len(convs) == 3 and all(sizes[c.name] == (1, 32, 1, 1) for c in convs)
+    # The group sums and offsets stay linears, unblocked, under the offsets' own config.
+    offsets = _linears(gm)
+    assert len(offsets) == 6 and not any(n.name in sizes for n in offsets)
+    assert callable(quantizer.offset_rule) and all(quantizer.offset_rule(n) for n in offsets)
+    torch.testing.assert_close(gm(x), expected, rtol=1e-4, atol=1e-4)
+
+
+def test_configure_symmetric_and_float_layers() -> None:
+    x = torch.randn(3, 64)  # 2-D input: rows as the convolution's width
+    gm = torch.export.export(_Mlp(), (x,), strict=False).module()
+    expected = gm(x)
+    (up, down, odd) = _linears(gm)
+    quantizer = _Quantizer()
+
+    sizes = configure(quantizer, gm, 32, GroupMapping.SYMMETRIC, frozenset({odd.name}), None)
+
+    assert quantizer.offset_rule is None
+    assert [n.name for n in _linears(gm)] == [odd.name]  # float: neither blocked nor rewritten
+    assert len(sizes) == 4  # two convolutions and their weights
+    torch.testing.assert_close(gm(x), expected, rtol=1e-4, atol=1e-4)

@@ -216,7 +216,7 @@ def qnn_lowering_fails(precisions: str, reason: str, match: str) -> Rule:
 
 
 # LPBQ (16a4w_block) blocks the weights of linears and 1x1 convolutions whose input channels
-# divide into blocks (qnn_quant.quantizers.qnn): a case with neither has nothing to block.
+# divide into blocks (qnn_quant.quantizers.lpbq): a case with neither has nothing to block.
 NO_LINEAR_LPBQ = Rule(
     targets="qnn-*",
     precisions="16a4w_block",

@@ -1,0 +1,197 @@
+"""16a4w_block (LPBQ) on QNN: which weights are blocked, and the graph they are blocked in.
+
+LPBQ gives each output channel's weights one scale per block of input channels (the block
+scales themselves 4-bit multiples of a per-channel scale). `configure` prepares a graph and a
+QnnQuantizer for it:
+
+1. **Asymmetric groups** (`GroupMapping.ASYMMETRIC`, the default, as for 8da4w): each blockable
+   linear's weight is split into a symmetric part, `scale * q` with q in -8..7 per block (what
+   LPBQ holds), and each block's offset, `minimum + 8 * scale`, times the sum of the block's
+   inputs: a 0/1 "group sum" linear and a small "group offset" linear (1/block of the weight),
+   both at 8-bit weights. A weight already on such a grid (GGUF's Q4_1: SmolLM2) then loses only
+   LPBQ's block-scale rounding; symmetric blocks add a second 4-bit rounding to every weight,
+   which SmolLM2 does not survive (docs/known-limits.md). `qnn_quant.intx` does the same split
+   for XNNPACK's 8da4w.
+2. **Linears as 1x1 convolutions** (`graph_rewrites.linears_as_pointwise_convs`), as upstream's
+   LLM flow runs them (`convert_linear_to_conv2d`): blocked weights on QNN's FullyConnected op
+   compute garbage on the x86 emulator, on pointwise convolutions they match the fake-quantized
+   model.
+3. **Block sizes** for every linear-turned-convolution and every ungrouped 1x1 convolution whose
+   input channels divide into blocks (`blockable`), each node with an observer constructor of
+   its own (`_own_block_observers`). Other weights stay 4-bit per channel.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from qnn_common.recipes import GroupMapping
+from qnn_quant.graph_params import add_param, owner
+from qnn_quant.graph_rewrites import linears_as_pointwise_convs
+from qnn_quant.intx import add_group_offset, group_sums_node, split_asymmetric
+
+log = logging.getLogger(__name__)
+
+
+def blockable(node: torch.fx.Node, block: int) -> torch.fx.Node | None:
+    """The weight of a linear, or of an ungrouped 1x1 (pointwise) 2-D convolution, whose input
+    channels divide into blocks; None for any other node.
+
+    Larger convolution windows are left per channel: QNN 2.51's emulator computes garbage for
+    a blocked 3x3 convolution, both with a block spanning the window (one scale per output
+    channel and input block, the only layout QNN's blockwise expansion can hold) and with
+    upstream's `(1, block, 1, 1)`, where a blocked 1x1 convolution matches the fake-quantized
+    model (docs/known-limits.md). Upstream blocks 1x1 convolutions: its LLMs run their linears
+    as them."""
+    weight = node.args[1] if node.op == "call_function" and len(node.args) > 1 else None
+    if not isinstance(weight, torch.fx.Node):
+        return None
+    val = weight.meta.get("val")
+    if not isinstance(val, torch.Tensor) or val.dim() < 2 or val.shape[1] % block:
+        return None
+    if node.target == torch.ops.aten.linear.default:
+        return weight
+    if node.target == torch.ops.aten.conv2d.default:
+        groups = node.args[6] if len(node.args) > 6 else 1
+        if groups == 1 and tuple(val.shape[2:]) == (1, 1):
+            return weight
+    return None
+
+
+def block_sizes(
+    gm: torch.fx.GraphModule, block: int, skip: frozenset[str] = frozenset()
+) -> dict[str, tuple[int, ...]]:
+    """Block sizes for every blockable node (and its weight) not named in `skip`: one scale
+    per `block` input channels of each output channel."""
+    sizes: dict[str, tuple[int, ...]] = {}
+    for node in gm.graph.nodes:
+        weight = blockable(node, block) if node.name not in skip else None
+        if weight is not None:
+            size = (1, block, *([1] * (weight.meta["val"].dim() - 2)))
+            sizes[node.name] = size
+            sizes[weight.name] = size
+    return sizes
+
+
+def _give_meta(gm: torch.fx.GraphModule, like: torch.fx.Node, nodes: list[torch.fx.Node]) -> None:
+    """Give `nodes` (new, in graph order) `like`'s metadata (its module path) and the fake
+    value each computes: quantizers read both."""
+    from torch._guards import detect_fake_mode
+
+    x = like.args[0]
+    assert isinstance(x, torch.fx.Node)
+    fake_mode = detect_fake_mode([x.meta["val"]])
+    assert fake_mode is not None  # export metadata holds fake tensors
+    for node in nodes:
+        if node.op == "get_attr":
+            holder, leaf = owner(gm, str(node.target))
+            val = fake_mode.from_tensor(getattr(holder, leaf))
+        else:
+            assert callable(node.target)
+            args = torch.fx.node.map_arg(node.args, lambda n: n.meta["val"])
+            with fake_mode:
+                val = node.target(*args)
+        node.meta = {**like.meta, "val": val}
+
+
+def split_group_offsets(
+    gm: torch.fx.GraphModule, block: int, wanted: Callable[[torch.fx.Node], bool]
+) -> frozenset[str]:
+    """Split each constant-weight linear `wanted` holds for into a symmetric per-block weight
+    plus its blocks' offsets times their input sums (module docstring), in place; the names of
+    the linears added (group sums and group offsets)."""
+    added: set[str] = set()
+    sums_of: dict[torch.fx.Node, torch.fx.Node] = {}
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target is not torch.ops.aten.linear.default:
+            continue
+        weight_node = node.args[1]
+        if not isinstance(weight_node, torch.fx.Node) or weight_node.op != "get_attr":
+            continue
+        if not wanted(node) or blockable(node, block) is None or node.meta["val"].dim() < 2:
+            continue  # a 1-D input stays one linear (as in linears_as_pointwise_convs)
+        holder, leaf = owner(gm, str(weight_node.target))
+        weight = getattr(holder, leaf).detach()
+        _, _, offset = split_asymmetric(weight, block)
+        # Not rounded here: LPBQ's observer rounds once, to its own block scales (a weight on
+        # a min/max grid already sits on one: `scale * q`, q in -8..7).
+        symmetric = weight - offset.repeat_interleave(block, dim=1)
+        before = set(gm.graph.nodes)
+        name = add_param(gm, f"{weight_node.target}_symmetric", symmetric)
+        with gm.graph.inserting_before(node):
+            new_weight = gm.graph.get_attr(name)
+        node.replace_input_with(weight_node, new_weight)
+        x = node.args[0]
+        assert isinstance(x, torch.fx.Node)
+        if x not in sums_of:
+            sums_of[x] = group_sums_node(gm, node, weight.shape[1], block, node.name)
+            added.add(sums_of[x].name)
+        shift, _ = add_group_offset(gm, node, offset, sums_of[x], node.name)
+        added.add(shift.name)
+        _give_meta(gm, node, [n for n in gm.graph.nodes if n not in before])
+    if added:
+        gm.graph.eliminate_dead_code()
+        gm.graph.lint()
+        gm.recompile()
+    return frozenset(added)
+
+
+def _own_block_observers(quantizer: Any) -> None:
+    """Give each blocked node its own weight-observer constructor.
+
+    ExecuTorch 1.5.1's annotators write a node's block size into the keywords of the per-block
+    config's observer constructor, one object shared by every blocked node, and the observers
+    are built only after all nodes are annotated: every weight got the last node's block size.
+    Harmless while every block was a linear's `(1, block)`; with 1x1 convolutions beside them
+    a linear's 2-D weight would be observed in 4-D blocks (and a 3x3 convolution, when it was
+    tried, in its successor's 1x1 blocks)."""
+    shared = quantizer._get_quant_config
+
+    def own(node: torch.fx.Node) -> Any:
+        config = shared(node)
+        if getattr(config, "block_size", None) is None:
+            return config
+        return copy.deepcopy(config)
+
+    quantizer._get_quant_config = own
+
+
+def configure(
+    quantizer: Any,
+    gm: torch.fx.GraphModule,
+    block: int,
+    mapping: GroupMapping,
+    float_nodes: frozenset[str],
+    offsets_config: Any,
+) -> dict[str, tuple[int, ...]]:
+    """Rewrite `gm` for LPBQ and set `quantizer`'s block sizes (module docstring); the sizes,
+    empty when nothing is blockable. `offsets_config` (a QNN ModuleQConfig) quantizes the
+    group-sum and group-offset linears."""
+
+    def quantized(node: torch.fx.Node) -> bool:
+        return node.name not in float_nodes
+
+    offset_nodes: frozenset[str] = frozenset()
+    if mapping is GroupMapping.ASYMMETRIC:
+        offset_nodes = split_group_offsets(gm, block, quantized)
+        if offset_nodes:
+            quantizer.set_submodule_qconfig_list(
+                [(lambda node: node.name in offset_nodes, offsets_config)]
+            )
+    convs = linears_as_pointwise_convs(
+        gm,
+        lambda node: node.name not in offset_nodes and quantized(node)
+        and blockable(node, block) is not None,
+    )
+    if convs:
+        log.info("%d blockable linears run as 1x1 convolutions (LPBQ)", len(convs))
+    sizes = block_sizes(gm, block, skip=offset_nodes | float_nodes)
+    if sizes:
+        quantizer.set_block_size_map(sizes)
+        _own_block_observers(quantizer)
+    return sizes
