@@ -100,7 +100,8 @@ def test_lpbq_decode_converts_with_prefills_block_scales() -> None:
                  if str(n.target) == "torchao.dequantize_affine.default"]
         for method, program in quantized.items()
     }
-    assert blocks[PREFILL] == blocks[DECODE] == [[1, HIDDEN]]  # the LM head, in one block
+    # The LM head, in one block, run as a 1x1 convolution (qnn_quant.quantizers.lpbq).
+    assert blocks[PREFILL] == blocks[DECODE] == [[1, HIDDEN, 1, 1]]
     run = module_runner({m: reference_module(p) for m, p in quantized.items()}, SPEC)
     ids = calibration[0][:PREFILL_LEN]
     prefill = run(PREFILL, (ids[None], torch.arange(PREFILL_LEN)))[0][0]
