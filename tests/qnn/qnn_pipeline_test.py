@@ -86,7 +86,8 @@ def test_lpbq_blocks_linears_and_pointwise_convs(out: Path) -> None:
         tuple(n.args[1]) for n in graph.nodes
         if str(n.target) == "torchao.dequantize_affine.default"
     )
-    assert blocks == [(1, 16), (1, 16, 1, 1)]  # the linear's, the 1x1 convolution's
+    # The 1x1 convolution's, and the linear's, run as one (qnn_quant.quantizers.lpbq).
+    assert blocks == [(1, 16, 1, 1), (1, 16, 1, 1)]
     per_channel = [
         n for n in graph.nodes
         if str(n.target) == "quantized_decomposed.dequantize_per_channel.default"
