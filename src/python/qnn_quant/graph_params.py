@@ -29,6 +29,30 @@ def owner(gm: torch.fx.GraphModule, dotted: str) -> tuple[nn.Module, str]:
     return holder, name
 
 
+def give_fake_values(
+    gm: torch.fx.GraphModule, like: torch.fx.Node, nodes: list[torch.fx.Node]
+) -> None:
+    """Give `nodes` (new, in graph order) `like`'s metadata (its module path, so `keep_float`
+    patterns still match) and the fake value each computes: quantizers read both. `like`'s
+    first argument carries the export's fake mode."""
+    from torch._guards import detect_fake_mode
+
+    x = like.args[0]
+    assert isinstance(x, torch.fx.Node)
+    fake_mode = detect_fake_mode([x.meta["val"]])
+    assert fake_mode is not None  # export metadata holds fake tensors
+    for node in nodes:
+        if node.op == "get_attr":
+            holder, leaf = owner(gm, str(node.target))
+            val = fake_mode.from_tensor(getattr(holder, leaf))
+        else:
+            assert callable(node.target)
+            args = torch.fx.node.map_arg(node.args, lambda n: n.meta["val"])
+            with fake_mode:
+                val = node.target(*args)
+        node.meta = {**like.meta, "val": val}
+
+
 def add_param(gm: torch.fx.GraphModule, wanted: str, value: torch.Tensor) -> str:
     """Register `value` as a frozen parameter under a free name near `wanted`; its name."""
     name = free_name(gm, wanted)

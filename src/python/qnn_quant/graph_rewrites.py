@@ -18,11 +18,14 @@ channel for the linear, and QNN's lowering failed on the re-quantization (`Annot
 
 from __future__ import annotations
 
+import math
+import operator
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from qnn_quant.graph_params import add_param, owner
+from qnn_quant.graph_params import add_param, give_fake_values, owner
 
 aten = torch.ops.aten
 
@@ -143,7 +146,9 @@ def constant_weight_views_folded(gm: torch.fx.GraphModule) -> int:
     return count
 
 
-def linears_as_pointwise_convs(gm: torch.fx.GraphModule, wanted: Any) -> list[torch.fx.Node]:
+def linears_as_pointwise_convs(
+    gm: torch.fx.GraphModule, wanted: Callable[[torch.fx.Node], bool]
+) -> list[torch.fx.Node]:
     """Rewrite each constant-weight linear for which `wanted(node)` holds as a 1x1 convolution
     in place (upstream's `convert_linear_to_conv2d`, done on the graph); the new conv nodes.
 
@@ -153,8 +158,6 @@ def linears_as_pointwise_convs(gm: torch.fx.GraphModule, wanted: Any) -> list[to
     upstream runs its LLMs' linears, and wrong on QNN's FullyConnected op on the x86 emulator
     (docs/known-limits.md). Every new node keeps the linear's metadata (its module path).
     """
-    from torch._guards import detect_fake_mode
-
     convs: list[torch.fx.Node] = []
     for node in list(gm.graph.nodes):
         if node.op != "call_function" or node.target is not aten.linear.default:
@@ -164,47 +167,24 @@ def linears_as_pointwise_convs(gm: torch.fx.GraphModule, wanted: Any) -> list[to
         if not _constant(weight) or not wanted(node):
             continue
         assert isinstance(x, torch.fx.Node) and isinstance(weight, torch.fx.Node)
-        fake_mode = detect_fake_mode([x.meta["val"]])
-        assert fake_mode is not None  # export metadata holds fake tensors
-        holder, leaf = owner(gm, str(weight.target))
-        value = getattr(holder, leaf).detach()
-        out_features, in_features = value.shape
         out_shape = list(node.meta["val"].shape)
         if len(out_shape) < 2 or not all(isinstance(size, int) for size in out_shape):
             continue  # one row (upstream's rewrite takes 2-D and 3-D), or a dynamic dim
-        rows = 1
-        for size in out_shape[:-1]:
-            rows *= size
-        pointwise = value.reshape(out_features, in_features, 1, 1)
-        name = add_param(gm, f"{weight.target}_pointwise", pointwise)
-
-        def emit(
-            target: Any, args: tuple[Any, ...], val: torch.Tensor, like: torch.fx.Node = node
-        ) -> torch.fx.Node:
-            new = gm.graph.call_function(target, args)
-            new.meta = {**like.meta, "val": val}
-            return new
-
-        with gm.graph.inserting_before(node):
-            conv_weight = gm.graph.get_attr(name)
-            conv_weight.meta = {**weight.meta, "val": fake_mode.from_tensor(pointwise)}
-            with fake_mode:
-                rows_val = x.meta["val"].reshape(1, rows, 1, in_features)
-                image_val = rows_val.transpose(1, 3)
-                conv_val = torch.ops.aten.conv2d.default(
-                    image_val, conv_weight.meta["val"],
-                    bias.meta["val"] if isinstance(bias, torch.fx.Node) else None,
-                )
-                back_val = conv_val.permute(0, 3, 1, 2)
-                out_val = back_val.reshape(out_shape)
-            as_rows = emit(aten.reshape.default, (x, [1, rows, 1, in_features]), rows_val)
-            image = emit(aten.transpose.int, (as_rows, 1, 3), image_val)
-            conv = emit(aten.conv2d.default, (image, conv_weight, bias), conv_val)
-            back = emit(aten.permute.default, (conv, [0, 3, 1, 2]), back_val)
-            out = emit(aten.reshape.default, (back, out_shape), out_val)
-        assert out_features == out_shape[-1]
+        rows, in_features = math.prod(out_shape[:-1]), weight.meta["val"].shape[1]
+        value = operator.attrgetter(str(weight.target))(gm).detach()
+        name = add_param(gm, f"{weight.target}_pointwise", value[:, :, None, None])
+        graph = gm.graph
+        before = set(graph.nodes)
+        with graph.inserting_before(node):
+            conv_weight = graph.get_attr(name)
+            as_rows = graph.call_function(aten.reshape.default, (x, [1, rows, 1, in_features]))
+            image = graph.call_function(aten.transpose.int, (as_rows, 1, 3))
+            conv = graph.call_function(aten.conv2d.default, (image, conv_weight, bias))
+            back = graph.call_function(aten.permute.default, (conv, [0, 3, 1, 2]))
+            out = graph.call_function(aten.reshape.default, (back, out_shape))
+        give_fake_values(gm, node, [n for n in graph.nodes if n not in before])
         node.replace_all_uses_with(out)
-        gm.graph.erase_node(node)
+        graph.erase_node(node)
         convs.append(conv)
     if convs:
         gm.graph.eliminate_dead_code()

@@ -4,7 +4,8 @@ LPBQ gives each output channel's weights one scale per block of input channels (
 scales themselves 4-bit multiples of a per-channel scale). `configure` prepares a graph and a
 QnnQuantizer for it:
 
-1. **Asymmetric groups** (`GroupMapping.ASYMMETRIC`, the default, as for 8da4w): each blockable
+1. **Asymmetric groups** (`GroupMapping.ASYMMETRIC`, asked for; 8da4w's default, not LPBQ's,
+   `recipes.default_group_mapping`): each blockable
    linear's weight is split into a symmetric part, `scale * q` with q in -8..7 per block (what
    LPBQ holds), and each block's offset, `minimum + 8 * scale`, times the sum of the block's
    inputs: a 0/1 "group sum" linear and a small "group offset" linear (1/block of the weight),
@@ -31,7 +32,7 @@ from typing import Any
 import torch
 
 from qnn_common.recipes import GroupMapping
-from qnn_quant.graph_params import add_param, owner
+from qnn_quant.graph_params import add_param, give_fake_values, owner
 from qnn_quant.graph_rewrites import linears_as_pointwise_convs
 from qnn_quant.intx import add_group_offset, group_sums_node, split_asymmetric
 
@@ -78,27 +79,6 @@ def block_sizes(
     return sizes
 
 
-def _give_meta(gm: torch.fx.GraphModule, like: torch.fx.Node, nodes: list[torch.fx.Node]) -> None:
-    """Give `nodes` (new, in graph order) `like`'s metadata (its module path) and the fake
-    value each computes: quantizers read both."""
-    from torch._guards import detect_fake_mode
-
-    x = like.args[0]
-    assert isinstance(x, torch.fx.Node)
-    fake_mode = detect_fake_mode([x.meta["val"]])
-    assert fake_mode is not None  # export metadata holds fake tensors
-    for node in nodes:
-        if node.op == "get_attr":
-            holder, leaf = owner(gm, str(node.target))
-            val = fake_mode.from_tensor(getattr(holder, leaf))
-        else:
-            assert callable(node.target)
-            args = torch.fx.node.map_arg(node.args, lambda n: n.meta["val"])
-            with fake_mode:
-                val = node.target(*args)
-        node.meta = {**like.meta, "val": val}
-
-
 def split_group_offsets(
     gm: torch.fx.GraphModule, block: int, wanted: Callable[[torch.fx.Node], bool]
 ) -> frozenset[str]:
@@ -133,7 +113,7 @@ def split_group_offsets(
             added.add(sums_of[x].name)
         shift, _ = add_group_offset(gm, node, offset, sums_of[x], node.name)
         added.add(shift.name)
-        _give_meta(gm, node, [n for n in gm.graph.nodes if n not in before])
+        give_fake_values(gm, node, [n for n in gm.graph.nodes if n not in before])
     if added:
         gm.graph.eliminate_dead_code()
         gm.graph.lint()
