@@ -2,7 +2,9 @@
 
 A reader sees the old file or the complete new one, never a partial write. The temp names follow
 one pattern (`is_temp_name`), so a temp file orphaned by kill -9 is recognised and swept before an
-artifact is sealed instead of being sealed inside it.
+artifact is sealed instead of being sealed inside it. The name carries the writer's process id, so
+a file in a directory that several runs share (the pipeline's output root) is swept only once its
+writer is gone (`remove_orphaned_temps`), never under a live writer's feet.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-# mkstemp's names: prefix + 8 random characters + suffix; ours are ".<stem>.XXXXXXXX.tmp<suffix>".
+# mkstemp's names: prefix + 8 random characters + suffix; ours are
+# ".<stem>.<pid>.XXXXXXXX.tmp<suffix>" (older releases wrote no pid).
 _TEMP_NAME = re.compile(r"\..*\.[a-z0-9_]{8}\.tmp(\.[^/]*)?")
 
 
@@ -40,7 +43,7 @@ def atomic_path(path: Path) -> Iterator[Path]:
     path.parent.mkdir(parents=True, exist_ok=True)
     # Keep the real suffix last: torch.export.save warns about archives not ending in .pt2.
     fd, tmp_name = tempfile.mkstemp(
-        prefix=f".{path.stem}.", suffix=f".tmp{path.suffix}", dir=path.parent
+        prefix=f".{path.stem}.{os.getpid()}.", suffix=f".tmp{path.suffix}", dir=path.parent
     )
     os.close(fd)
     # mkstemp creates 0600; artifacts are shared files, so honour the umask like open() does.
@@ -59,6 +62,40 @@ def atomic_path(path: Path) -> Iterator[Path]:
         raise OSError(err.errno, err.strerror or str(err), str(path)) from err
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process: alive
+    return True
+
+
+def remove_orphaned_temps(path: Path) -> list[Path]:
+    """Delete the temp files `atomic_path(path)` left behind in writers that no longer run.
+
+    For a file several processes may write in turn (a summary in a shared output directory): a
+    temp file whose writer is alive is its write in progress and is kept; one without a pid in its
+    name (an older release's) is kept too. A process id reused since is taken as alive: the safe
+    side (a file left over, never one deleted under a writer). Returns what was deleted.
+    """
+    own = re.compile(
+        re.escape(f".{path.stem}.") + r"(\d+)\.[a-z0-9_]{8}" + re.escape(f".tmp{path.suffix}")
+    )
+    removed: list[Path] = []
+    if not path.parent.is_dir():
+        return removed
+    for entry in path.parent.iterdir():
+        match = own.fullmatch(entry.name)
+        if match is None or _alive(int(match[1])):
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            entry.unlink()
+            removed.append(entry)
+    return removed
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:

@@ -36,7 +36,7 @@ EXIT_CODES_HELP = (
 
 # Room under an output directory for what the stages put there: a staging directory beside
 # "<stage>-<12 hex>" (".prepare-0123456789ab.staging-abcd1234") holding temp names such as
-# ".reference_fake_quant.abcd1234.tmp.pt" (see artifact_dir and manifest.atomic_path).
+# ".reference_fake_quant.<pid>.abcd1234.tmp.pt" (see artifact_dir and atomic.atomic_path).
 _OUTPUT_ROOM = 128
 
 _OS_HINTS = {

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -121,6 +124,20 @@ def test_a_summary_removed_by_another_run_meanwhile_is_no_error(
     monkeypatch.setattr(summary_module, "is_our_summary", lambda path: False)
     with pytest.raises(ArtifactError, match="not a summary this pipeline wrote"):
         summary_module.remove_previous_summary(summary)
+
+
+def test_a_summary_write_killed_midway_is_swept_by_the_next_run(tmp_path: Path) -> None:
+    """kill -9 between the summary's temp file and its rename leaves the temp file; the next run
+    into that --out removes it (its writer is gone) and leaves a live writer's alone."""
+    killed = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    killed.kill()
+    killed.wait()
+    orphan = tmp_path / f".summary.{killed.pid}.abcd1234.tmp.json"
+    in_progress = tmp_path / f".summary.{os.getpid()}.efgh5678.tmp.json"
+    orphan.write_text('{"model": ')
+    in_progress.write_text('{"model": ')
+    summary_module.remove_previous_summary(tmp_path / "summary.json")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [in_progress.name]
 
 
 class _Sealed:

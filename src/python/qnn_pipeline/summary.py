@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from qnn_common.atomic import remove_orphaned_temps
 from qnn_common.config import Stage
 from qnn_common.errors import ArtifactError
 from qnn_common.manifest import Manifest, atomic_write_text
@@ -54,6 +55,9 @@ def is_our_summary(path: Path) -> bool:
 
 
 def remove_previous_summary(path: Path) -> None:
+    # A run killed while writing its summary left a temp file beside it; a later run into this
+    # --out sweeps it (once its writer is gone) so the tree holds only what runs completed.
+    remove_orphaned_temps(path)
     if not os.path.lexists(path):
         return
     if not is_our_summary(path):
