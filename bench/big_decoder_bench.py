@@ -30,7 +30,7 @@ import torch
 from stage_process import run_stage
 
 from qnn_common.manifest import load_manifest
-from qnn_prepare.tiny_decoders import byte_tokenizer
+from qnn_prepare.causal_lm.tiny_decoders import byte_tokenizer
 
 ARCHS: dict[str, tuple[str, dict[str, Any]]] = {
     "llama-3.2-1b": ("llama", dict(

@@ -31,7 +31,7 @@ from qnn_common.config import CompileConfig
 from qnn_common.manifest import load_manifest
 from qnn_common.recipes import Backend, Recipe
 from qnn_common.stages import program_files
-from qnn_common.tensorio import load_program
+from qnn_common.torchio.programs import load_program
 from qnn_compile.backends import lowering_for
 from qnn_compile.lower import lower_program
 

@@ -143,10 +143,10 @@ def load(cache: Path) -> tuple[Any, list[int]]:
     """(fp32 LlamaForCausalLM, token ids of the shipped text), cached after the first load."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from qnn_prepare.tiny_decoders import text_bytes
+    from qnn_prepare.causal_lm.tiny_decoders import text_bytes
 
     if not (cache / "state.pt").is_file():
-        from qnn_prepare.smollm2 import _load_gguf
+        from qnn_prepare.causal_lm.smollm2 import _load_gguf
 
         tokenizer, model = _load_gguf(None)
         cache.mkdir(parents=True, exist_ok=True)

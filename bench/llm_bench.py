@@ -33,11 +33,11 @@ from stage_process import run_stage
 from qnn_common.config import CompileConfig, PrepareConfig
 from qnn_common.recipes import BACKENDS, Backend, Recipe
 from qnn_common.stages import method_program
-from qnn_common.tensorio import load_program
+from qnn_common.torchio.programs import load_program
 from qnn_compile.backends import lowering_for
 from qnn_compile.lower import lower_program
-from qnn_prepare.smollm2 import SMOLLM2, gguf_path, save_smollm2
-from qnn_prepare.tiny_decoders import save_tiny_decoder
+from qnn_prepare.causal_lm.smollm2 import SMOLLM2, gguf_path, save_smollm2
+from qnn_prepare.causal_lm.tiny_decoders import save_tiny_decoder
 
 _PREPARE_DEFAULTS = {f.name: f.default for f in dataclasses.fields(PrepareConfig)}
 

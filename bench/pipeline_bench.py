@@ -15,7 +15,7 @@ noisy, so only ratios measured side by side are reported):
   (`stage_process.run_stage`).
 
 What the pipeline does on top of the plain calls, and the plain script does not: save each
-stage's program (a chained run hands it to the next stage in memory: tensorio.SavedProgram),
+stage's program (a chained run hands it to the next stage in memory: programs.SavedProgram),
 the fake-quant reference, the accuracy report (its per-layer part is in the "report s" column),
 hashing and manifests. The "overhead s" column is that work in seconds, lowering left out of
 both sides: (pipeline - its lowering) - (plain - its lowering). Prints one Markdown table;
@@ -37,7 +37,7 @@ from typing import Any
 import torch
 from stage_process import run_stage
 
-from qnn_common.cli_support import add_logging_args, setup_logging
+from qnn_common.cli.support import add_logging_args, setup_logging
 from qnn_common.config import CompileConfig, Stage
 from qnn_common.recipes import Backend, Recipe
 from qnn_common.target import Target
@@ -256,7 +256,7 @@ def main() -> None:
     add_logging_args(parser)
     args = parser.parse_args()
     # The table is the output: stage logs and third-party noise (library FutureWarnings by the
-    # dozen, see qnn_common.noise) only with -v.
+    # dozen, see qnn_common.cli.noise) only with -v.
     setup_logging(args.verbose, quiet=not args.verbose)
     threads = set_cpu_threads(args.threads)  # the runtime's pool, for the plain runs too
     torch.set_num_threads(threads)  # and eager PyTorch's, the same count

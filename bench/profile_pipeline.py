@@ -20,25 +20,25 @@ import tempfile
 import time
 from pathlib import Path
 
-from qnn_common.cli_support import add_logging_args, setup_logging
+from qnn_common.cli.support import add_logging_args, setup_logging
 from qnn_pipeline.context import PipelineContext
 from qnn_pipeline.orchestrator import run_pipeline
 
 # (file suffix, function name) of the pipeline's own work around the plain calls.
 OVERHEAD = (
-    ("qnn_common/hashing.py", "sha256_file"),
+    ("qnn_common/store/hashing.py", "sha256_file"),
     ("qnn_common/manifest.py", "sha256_file"),
     ("qnn_common/manifest.py", "load_manifest"),
     ("qnn_common/manifest.py", "write_manifest"),
     ("qnn_common/manifest.py", "manifest_digest"),
-    ("qnn_common/tensorio.py", "load_program"),
-    ("qnn_common/tensorio.py", "handed_on"),
-    ("qnn_common/tensorio.py", "save_program"),
-    ("qnn_common/tensorio.py", "save_samples"),
-    ("qnn_common/tensorio.py", "load_samples"),
-    ("qnn_common/pt2_archive.py", "check_pt2_archive"),
-    ("qnn_common/atomic.py", "atomic_copy"),
-    ("qnn_common/atomic.py", "atomic_path"),
+    ("qnn_common/torchio/programs.py", "load_program"),
+    ("qnn_common/torchio/programs.py", "handed_on"),
+    ("qnn_common/torchio/programs.py", "save_program"),
+    ("qnn_common/torchio/samples.py", "save_samples"),
+    ("qnn_common/torchio/samples.py", "load_samples"),
+    ("qnn_common/torchio/pt2_archive.py", "check_pt2_archive"),
+    ("qnn_common/store/atomic.py", "atomic_copy"),
+    ("qnn_common/store/atomic.py", "atomic_path"),
     ("qnn_quant/report.py", "accuracy_report"),
     ("qnn_quant/families/single.py", "_call"),
     ("qnn_compile/api.py", "compile_cache_key"),

@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from qnn_common.cli_support import add_logging_args, setup_logging
+from qnn_common.cli.support import add_logging_args, setup_logging
 from qnn_common.config import Stage
 from qnn_common.qnn_sdk import find_qnn_sdk
 from qnn_common.recipes import Backend, Recipe
@@ -68,7 +68,7 @@ def main() -> None:
     add_logging_args(parser)
     args = parser.parse_args()
     # The table is the output: stage logs and third-party noise (library FutureWarnings by the
-    # dozen, see qnn_common.noise) only with -v.
+    # dozen, see qnn_common.cli.noise) only with -v.
     setup_logging(args.verbose, quiet=not args.verbose)
     sdk = find_qnn_sdk()
     rows = []

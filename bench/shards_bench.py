@@ -30,7 +30,7 @@ from stage_process import run_stage
 from qnn_common.manifest import load_manifest
 from qnn_common.metrics import sqnr_db
 from qnn_infer.families.causal_lm import program_logits
-from qnn_prepare.smollm2 import SMOLLM2, save_smollm2
+from qnn_prepare.causal_lm.smollm2 import SMOLLM2, save_smollm2
 
 PROMPT = "The capital of France is"
 

@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from qnn_common.child_env import python_child_env
+from qnn_common.cli.child_env import python_child_env
 
 # Runs a stage CLI's module as __main__ and writes its peak RSS (VmHWM: this process image's
 # high-water mark; not ru_maxrss, which a child inherits from the forking parent) to the file
@@ -40,7 +40,7 @@ def run_stage(argv: list[str], work: Path) -> tuple[float, float]:
     rss_file.unlink(missing_ok=True)
     t = time.perf_counter()
     # The child must import the stage CLIs from this process's path: under `./pants run` the
-    # interpreter alone does not see them (qnn_common.child_env).
+    # interpreter alone does not see them (qnn_common.cli.child_env).
     proc = subprocess.run([sys.executable, "-c", _PEAK_RSS, str(rss_file), *argv],
                           env=python_child_env(), stdout=subprocess.DEVNULL, check=False)
     seconds = time.perf_counter() - t

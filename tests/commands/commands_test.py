@@ -7,7 +7,7 @@ test owns the checkout's), with the committed launcher, config, BUILD files and 
 named caches are made for concurrent use; an empty store would resolve torch again), so what it
 costs is each command's Pants start, PEX assembly and run. What broke before (issue 24): the
 sweep's local Ray (its agents are children of the PEX) and the bench's per-stage child
-(`No module named qnn_prepare.cli`): see qnn_common.child_env.
+(`No module named qnn_prepare.cli`): see qnn_common.cli.child_env.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from qnn_common.gates import AccuracyGates, default_accuracy_gates
 from qnn_common.manifest import MANIFEST_NAME, load_manifest, write_manifest
 from qnn_common.recipes import Recipe
 from qnn_common.stages import REFERENCE_FP32
-from qnn_common.tensorio import load_samples, save_samples
+from qnn_common.torchio.samples import load_samples, save_samples
 from qnn_infer.cli import main as infer_main
 from qnn_infer.gate_check import AccuracyGateError, gate_failure, judge_accuracy
 from qnn_pipeline.cli import main as pipeline_main

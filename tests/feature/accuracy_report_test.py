@@ -13,9 +13,9 @@ from qnn_common.recipes import Backend, Recipe
 from qnn_common.soc import lookup_soc
 from qnn_common.target import Target
 from qnn_prepare.calibration import make_calibration, random_samples
+from qnn_prepare.causal_lm.tiny_decoders import save_tiny_llama
 from qnn_prepare.models import load_model
 from qnn_prepare.task import LoadedModel, export_program
-from qnn_prepare.tiny_decoders import save_tiny_llama
 from qnn_quant.pt2e import quantize_program
 from qnn_quant.report import accuracy_report, accuracy_report_and_outputs
 

@@ -18,7 +18,7 @@ import torch
 from qnn_common.config import Stage
 from qnn_common.errors import ConfigValidationError, InputError
 from qnn_common.stages import CALIBRATION, EVAL_INPUTS
-from qnn_common.tensorio import ModelInputs, load_inputs
+from qnn_common.torchio.samples import ModelInputs, load_inputs
 from qnn_pipeline.context import PipelineContext
 from qnn_pipeline.orchestrator import run_pipeline
 from qnn_prepare.models import load_model
@@ -129,7 +129,7 @@ def test_factory_results_outside_the_contract_are_refused(
 
 def test_a_structured_inputs_file_must_match_the_example(tmp_path: Path) -> None:
     from qnn_common.errors import ArtifactError
-    from qnn_common.tensorio import save_samples
+    from qnn_common.torchio.samples import save_samples
 
     example = load_model(f"{_MODULE}:int_and_none").example
     path = tmp_path / "inputs.pt"

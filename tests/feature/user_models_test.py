@@ -26,7 +26,7 @@ from qnn_common.stages import (
     PrepareInput,
     QuantizeInput,
 )
-from qnn_common.tensorio import load_samples
+from qnn_common.torchio.samples import load_samples
 from qnn_pipeline.cli import main as pipeline_main
 from qnn_prepare.api import prepare_cache_key, run_prepare
 from qnn_quant.api import run_quantize

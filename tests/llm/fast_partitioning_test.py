@@ -18,7 +18,7 @@ from qnn_common.target import Target
 from qnn_compile import xnnpack_passes
 from qnn_compile.backends import lowering_for
 from qnn_compile.lower import lower_program
-from qnn_prepare.causal_lm import export_methods, load_causal_lm, text_sequences
+from qnn_prepare.causal_lm.export import export_methods, load_causal_lm, text_sequences
 from qnn_quant.methods import quantize_causal_lm
 
 

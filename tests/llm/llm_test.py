@@ -24,9 +24,9 @@ from qnn_infer.generate import PteLm
 from qnn_pipeline.context import PipelineContext
 from qnn_pipeline.orchestrator import run_pipeline
 from qnn_prepare.api import run_prepare
-from qnn_prepare.causal_lm import export_methods, load_causal_lm
-from qnn_prepare.kv_io import export_kv_io_methods, kv_layout
-from qnn_prepare.tiny_decoders import save_tiny_decoder
+from qnn_prepare.causal_lm.export import export_methods, load_causal_lm
+from qnn_prepare.causal_lm.kv_io import export_kv_io_methods, kv_layout
+from qnn_prepare.causal_lm.tiny_decoders import save_tiny_decoder
 from qnn_quant.methods import module_runner
 
 PROMPT = "Once upon a time"

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import torch
 
-from qnn_common.child_env import python_child_env
+from qnn_common.cli.child_env import python_child_env
 from qnn_common.config import Stage
 from qnn_common.manifest import load_manifest
 from qnn_common.stages import PROGRAM

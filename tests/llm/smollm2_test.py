@@ -21,8 +21,8 @@ from qnn_infer.families.causal_lm import load_tokenizer, prompt_ids
 from qnn_pipeline.context import PipelineContext
 from qnn_pipeline.orchestrator import run_pipeline
 from qnn_prepare.api import run_prepare
+from qnn_prepare.causal_lm.smollm2 import SMOLLM2, gguf_path, save_smollm2
 from qnn_prepare.models import BUILTIN_MODELS
-from qnn_prepare.smollm2 import SMOLLM2, gguf_path, save_smollm2
 from qnn_testing.xnnpack_graph import (
     DYNAMIC_INT8_X_BLOCKWISE_INT4,
     DYNAMIC_INT8_X_CHANNEL_INT8,

@@ -20,11 +20,11 @@ import numpy as np
 import torch
 from torch.export import ExportedProgram
 
-from qnn_common.child_env import python_child_env
+from qnn_common.cli.child_env import python_child_env
 from qnn_common.config import CompileConfig
-from qnn_common.program_state import initial_buffers_kept
 from qnn_common.recipes import Backend, Recipe
-from qnn_common.tensorio import Sample, flatten_outputs
+from qnn_common.torchio.program_state import initial_buffers_kept
+from qnn_common.torchio.samples import Sample, flatten_outputs
 from qnn_compile.backends import lowering_for
 from qnn_compile.lower import lower_program
 from qnn_infer.runner import HostRunner

@@ -14,7 +14,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from qnn_common.child_env import python_child_env
+from qnn_common.cli.child_env import python_child_env
 from qnn_common.config import CompileConfig, Stage
 from qnn_common.manifest import load_manifest
 from qnn_common.recipes import Backend, Recipe
@@ -24,7 +24,7 @@ from qnn_compile.api import run_compile
 from qnn_infer.families.causal_lm import program_logits
 from qnn_pipeline.context import PipelineContext
 from qnn_pipeline.orchestrator import run_pipeline
-from qnn_prepare.tiny_decoders import EOS_ID, VOCAB, byte_tokenizer
+from qnn_prepare.causal_lm.tiny_decoders import EOS_ID, VOCAB, byte_tokenizer
 
 LAYERS, SHARDS = 4, 3  # shards of 1, 2 and 1 layers
 CONTEXTS = 2 * SHARDS  # prefill's and decode's graphs of a shard in a context each

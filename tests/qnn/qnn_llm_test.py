@@ -1,7 +1,8 @@
 """A decoder LLM on the QNN HTP (x86 emulator, SM8650): KV cache as inputs and outputs.
 
 QNN has no mutable buffers, so the program's prefill and decode methods take the past cache and
-return their new entries, and the host keeps the cache (qnn_prepare.kv_io, qnn_common.llm).
+return their new entries, and the host keeps the cache (qnn_prepare.causal_lm.kv_io and
+qnn_common.llm).
 """
 
 from __future__ import annotations
@@ -26,13 +27,13 @@ from qnn_common.stages import (
     program_files,
     rope_of,
 )
-from qnn_common.tensorio import load_program
+from qnn_common.torchio.programs import load_program
 from qnn_infer.api import run_infer
 from qnn_infer.families.causal_lm import load_tokenizer, program_logits, prompt_ids
 from qnn_infer.generate import generate
 from qnn_pipeline.context import PipelineContext
 from qnn_pipeline.orchestrator import run_pipeline
-from qnn_prepare.smollm2 import save_smollm2
+from qnn_prepare.causal_lm.smollm2 import save_smollm2
 from qnn_quant.api import run_quantize
 from qnn_quant.fused_qdq import reference_module
 from qnn_quant.methods import module_runner

@@ -18,7 +18,7 @@ from qnn_common.errors import BackendNotAvailableError, ConfigValidationError
 from qnn_common.manifest import load_manifest
 from qnn_common.recipes import Backend, Recipe
 from qnn_common.stages import PROGRAM
-from qnn_common.tensorio import load_program
+from qnn_common.torchio.programs import load_program
 from qnn_pipeline.cli import main as pipeline_main
 from qnn_pipeline.context import PipelineContext
 from qnn_pipeline.orchestrator import run_pipeline

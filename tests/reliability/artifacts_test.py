@@ -22,12 +22,12 @@ from typing import Any
 import pytest
 import torch
 
-from qnn_common.artifact_dir import begin_artifact, check_output_dir
-from qnn_common.artifact_lock import acquire_artifact_lock, lock_path, release_artifact_lock
 from qnn_common.errors import ArtifactError
 from qnn_common.manifest import MANIFEST_NAME, load_manifest, manifest_digest, write_manifest
 from qnn_common.stages import PROGRAM
-from qnn_common.tensorio import load_program
+from qnn_common.store.artifact_dir import begin_artifact, check_output_dir
+from qnn_common.store.artifact_lock import acquire_artifact_lock, lock_path, release_artifact_lock
+from qnn_common.torchio.programs import load_program
 from qnn_compile.cli import main as compile_main
 from qnn_infer.cli import main as infer_main
 from qnn_pipeline.cli import main as pipeline_main
@@ -248,7 +248,7 @@ def test_same_inputs_give_the_same_bytes(run: Path, tmp_path: Path) -> None:
 
 
 def test_compiling_alone_gives_the_chained_runs_bytes(run: Path, tmp_path: Path) -> None:
-    """The chained run handed the quantized program to compile in memory (tensorio.SavedProgram);
+    """The chained run handed the quantized program to compile in memory (programs.SavedProgram);
     compiling its sealed file alone, a fresh load, gives the same .pte. (Quantize alone: the
     test above.)"""
     quant, comp = _stage_dir(run, "quantize"), _stage_dir(run, "compile")
@@ -307,7 +307,7 @@ def test_a_lock_dies_with_its_holder(tmp_path: Path) -> None:
             sys.executable,
             "-c",
             "import sys, time\n"
-            "from qnn_common.artifact_lock import acquire_artifact_lock\n"
+            "from qnn_common.store.artifact_lock import acquire_artifact_lock\n"
             f"acquire_artifact_lock(__import__('pathlib').Path({str(target)!r}))\n"
             "print('locked', flush=True)\ntime.sleep(600)",
         ],

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from qnn_common.artifact_lock import acquire_artifact_lock, lock_path, release_artifact_lock
 from qnn_common.errors import ArtifactError
+from qnn_common.store.artifact_lock import acquire_artifact_lock, lock_path, release_artifact_lock
 from qnn_pipeline.cli import build_parser, context_from_args
 from qnn_pipeline.cli import main as pipeline_main
 from qnn_prepare.api import prepare_cache_key

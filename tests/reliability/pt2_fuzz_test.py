@@ -32,7 +32,7 @@ import json, sys
 from pathlib import Path
 import torch
 from qnn_common.errors import PipelineError
-from qnn_common.tensorio import load_program
+from qnn_common.torchio.programs import load_program
 
 original, first, paths = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]
 want = torch.export.load(original)  # the honest original: torch's own load is safe on it
@@ -120,7 +120,7 @@ def test_tiny_prefixes_are_clean_errors(tmp_path: Path, cut: int) -> None:
     """The edges random cuts rarely hit: empty, one byte, just under and at the size of an
     end-of-central-directory record."""
     from qnn_common.errors import ArtifactError
-    from qnn_common.tensorio import load_program
+    from qnn_common.torchio.programs import load_program
 
     original = tmp_path / "plain.pt2"
     save_plain_program(original)

@@ -19,8 +19,8 @@ import pytest
 import torch
 
 from qnn_common.errors import ArtifactError
-from qnn_common.pt2_archive import check_pt2_archive
-from qnn_common.tensorio import load_program
+from qnn_common.torchio.programs import load_program
+from qnn_common.torchio.pt2_archive import check_pt2_archive
 from qnn_compile.cli import main as compile_main
 from support.crafted_pt2 import ALIASES, save_plain_program, shadow, with_member
 from support.pipeline_runs import child_env
@@ -102,7 +102,7 @@ _PEAK_RSS = """
 import resource, sys
 from pathlib import Path
 from qnn_common.errors import ArtifactError
-from qnn_common.tensorio import load_program
+from qnn_common.torchio.programs import load_program
 try:
     load_program(Path(sys.argv[1]))
     print("loaded")

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from qnn_common import own_programs
 from qnn_common.config import InferConfig
 from qnn_common.stages import PTE, InferInput
+from qnn_common.store import own_programs
 from qnn_compile.cli import main as compile_main
 from qnn_infer import cli as infer_cli
 from qnn_infer import isolation

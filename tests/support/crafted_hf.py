@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from qnn_prepare.tiny_decoders import save_tiny_decoder
+from qnn_prepare.causal_lm.tiny_decoders import save_tiny_decoder
 
 _MODULE = "custom_llama"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from qnn_common.child_env import python_child_env
+from qnn_common.cli.child_env import python_child_env
 from qnn_common.manifest import load_manifest, manifest_digest
 
 # tiny-cnn, kept small: every stage runs in seconds.

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from qnn_common.tensorio import Sample, load_samples
+from qnn_common.torchio.samples import Sample, load_samples
 from qnn_infer.cli import main as infer_main
 from support.pipeline_runs import leftovers
 from support.pte_variants import fuzz_variants

@@ -36,3 +36,19 @@ def static_cache() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
     """Two rows written at positions 1 and 5."""
     x = torch.randn(2, WIDTH, generator=torch.Generator().manual_seed(3))
     return StaticCache(), (x, torch.tensor([1, 5]))
+
+
+class SliceCache(StaticCache):
+    """Writes its new rows into a slice of its cache (`cache[2:4] = ...`), then reads the cache:
+    a read PT2E used to quantize before the write (the program returned the old rows)."""
+
+    def forward(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        cache = self.get_buffer("cache")
+        cache[2:4] = self.proj(x)
+        return cache * 2.0
+
+
+def slice_cache() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    """Two rows written at rows 2 and 3 (`pos` is unused, as in a fixed-position write)."""
+    x = torch.randn(2, WIDTH, generator=torch.Generator().manual_seed(3))
+    return SliceCache(), (x, torch.tensor([1, 5]))

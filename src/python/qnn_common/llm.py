@@ -78,7 +78,7 @@ MethodRunner = Callable[[str, Sequence[torch.Tensor]], Sequence[torch.Tensor]]
 
 
 class KvIoCache:
-    """The host half of a program whose cache is inputs and outputs (see qnn_prepare.kv_io).
+    """The host half of a program whose cache is inputs and outputs (qnn_prepare.causal_lm.kv_io).
 
     Holds keys and values for `max_seq_len` positions. A method taking n tokens at position
     `start` reads the first ``max_seq_len - n`` slots (the past; valid below `start`, masked from

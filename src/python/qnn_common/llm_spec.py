@@ -20,7 +20,7 @@ MASK_VALUE = -255.0
 
 # Importing it registers ExecuTorch's LLM custom ops (`llama::update_cache`, `custom_sdpa`) with
 # torch and their kernels with ExecuTorch's runtime: a program exported with them
-# (qnn_prepare.custom_op_attention) loads and runs only after that.
+# (qnn_prepare.causal_lm.custom_op_attention) loads and runs only after that.
 LLM_CUSTOM_OPS_MODULE = "executorch.extension.llm.custom_ops.custom_ops"
 
 PREFILL = "prefill"

@@ -34,18 +34,18 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from qnn_common.artifact_dir import FORMAT as FORMAT
-from qnn_common.artifact_dir import MANIFEST_NAME as MANIFEST_NAME
-from qnn_common.artifact_dir import MAX_MANIFEST_BYTES, is_staging, publish_artifact
-from qnn_common.artifact_dir import begin_artifact as begin_artifact
-from qnn_common.atomic import atomic_copy as atomic_copy
-from qnn_common.atomic import atomic_path as atomic_path
-from qnn_common.atomic import atomic_save as atomic_save
-from qnn_common.atomic import atomic_write_bytes as atomic_write_bytes
-from qnn_common.atomic import atomic_write_text as atomic_write_text
-from qnn_common.atomic import is_temp_name
 from qnn_common.errors import ArtifactError
-from qnn_common.hashing import sha256_file as sha256_file  # each file hashed once per process
+from qnn_common.store.artifact_dir import FORMAT as FORMAT
+from qnn_common.store.artifact_dir import MANIFEST_NAME as MANIFEST_NAME
+from qnn_common.store.artifact_dir import MAX_MANIFEST_BYTES, is_staging, publish_artifact
+from qnn_common.store.artifact_dir import begin_artifact as begin_artifact
+from qnn_common.store.atomic import atomic_copy as atomic_copy
+from qnn_common.store.atomic import atomic_path as atomic_path
+from qnn_common.store.atomic import atomic_save as atomic_save
+from qnn_common.store.atomic import atomic_write_bytes as atomic_write_bytes
+from qnn_common.store.atomic import atomic_write_text as atomic_write_text
+from qnn_common.store.atomic import is_temp_name
+from qnn_common.store.hashing import sha256_file as sha256_file  # each file hashed once per process
 
 # 2: the manifest's own digest, key_basis, and no unlisted files in an artifact directory.
 # 3: the typed `program` section (kind, methods, LLM shapes), part of the identity.

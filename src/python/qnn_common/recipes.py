@@ -158,8 +158,8 @@ class BackendTraits:
     # a KV-cache program for it keeps the cache as its inputs and outputs.
     mutable_buffers: bool
     # A KV-cache program's cache written and read by ExecuTorch's LLM custom ops by default
-    # (qnn_prepare.custom_op_attention): fused CPU attention, and no portable kernels between
-    # the delegate's partitions of every layer.
+    # (qnn_prepare.causal_lm.custom_op_attention): fused CPU attention, and no portable kernels
+    # between the delegate's partitions of every layer.
     llm_custom_ops: bool
     runtime_id: str | None  # the delegate id a .pte names it by (None: no delegate)
 

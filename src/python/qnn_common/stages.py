@@ -21,7 +21,8 @@ from qnn_common.llm import LlmSpec
 from qnn_common.manifest import Manifest, ProgramRecord, atomic_copy
 from qnn_common.recipes import Recipe
 from qnn_common.target import Target
-from qnn_common.tensorio import SavedProgram, load_samples
+from qnn_common.torchio.programs import SavedProgram
+from qnn_common.torchio.samples import load_samples
 
 # File names inside artifact directories.
 # Every program artifact (prepare, quantize) holds one torch.export ExportedProgram (fp32 or
@@ -114,7 +115,7 @@ class PrepareInput:
     out_dir: Path
 
 
-# Programs by method name, as a stage saved them in this process (`tensorio.SavedProgram`): a
+# Programs by method name, as a stage saved them in this process (`programs.SavedProgram`): a
 # stage's output lists those the next stage may take in memory, and that stage's input receives
 # them; the next stage's `load_program` of the file then skips the rebuild. Empty when the source
 # was made elsewhere, or cached.

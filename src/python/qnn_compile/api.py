@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 
 import qnn_compile
-from qnn_common import own_programs
 from qnn_common.config import CompileConfig, Stage
 from qnn_common.errors import ConfigValidationError
 from qnn_common.manifest import (
@@ -39,7 +38,8 @@ from qnn_common.stages import (
     program_files,
     quantized_for,
 )
-from qnn_common.tensorio import load_program, share_equal_weights
+from qnn_common.store import own_programs
+from qnn_common.torchio.programs import load_program, share_equal_weights
 from qnn_compile.backends import lowering_for
 from qnn_compile.context_cache import one_context_per_method
 from qnn_compile.lower import lower_program

@@ -7,7 +7,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from qnn_common.cli_support import (
+from qnn_common.cli.support import (
     EXIT_CODES_HELP,
     add_logging_args,
     check_output_writable,

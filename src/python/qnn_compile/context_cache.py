@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-from qnn_common.atomic import atomic_write_bytes, is_temp_name
+from qnn_common.store.atomic import atomic_write_bytes, is_temp_name
 from qnn_compile.scoped_patch import Replacement, ScopedPatch
 
 log = logging.getLogger(__name__)

@@ -26,8 +26,8 @@ import torch.fx
 from qnn_common.config import Stage
 from qnn_common.errors import StageError
 from qnn_common.manifest import atomic_path
-from qnn_common.program_state import buffers
 from qnn_common.recipes import Backend
+from qnn_common.torchio.program_state import buffers
 from qnn_compile.backends import BackendLowering
 from qnn_compile.cia_ops import materializing_once
 from qnn_compile.context_cache import ContextRecord

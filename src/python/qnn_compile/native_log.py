@@ -17,7 +17,7 @@ import re
 import sys
 from collections.abc import Iterator
 
-from qnn_common.noise import fd2_captured
+from qnn_common.cli.noise import fd2_captured
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ class NativeLog:
 
     @contextlib.contextmanager
     def capture(self) -> Iterator[None]:
-        """Redirect fd 2 to a temporary file while the block runs (qnn_common.noise
+        """Redirect fd 2 to a temporary file while the block runs (qnn_common.cli.noise
         .fd2_captured: our own log lines still reach the terminal as they are written), hold
         ExecuTorch's Python loggers the same way, then sort what was written."""
         upstream = logging.getLogger("executorch")

@@ -22,7 +22,7 @@ copies share NodeSources meanwhile too, and it is taken away when the last lower
 torch ever defines its own `NodeSource.__deepcopy__`, this leaves it alone.
 
 Not used around PT2E quantization or the stages' `.module()` calls: there the histories are
-shallow, and the MiniLM 8a8w quantize stage took 2.4 s either way. `tensorio.save_program` gives
+shallow, and the MiniLM 8a8w quantize stage took 2.4 s either way. `programs.save_program` gives
 a saved program's nodes renumbered copies of their provenance, so sharing never lets one save
 change another program's history.
 """

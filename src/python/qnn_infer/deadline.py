@@ -26,7 +26,7 @@ import weakref
 from collections.abc import Iterator
 from typing import Any, ClassVar, NoReturn
 
-from qnn_common.cli_support import EXIT_ERROR
+from qnn_common.cli.support import EXIT_ERROR
 from qnn_common.errors import ConfigValidationError
 
 # The bound on one method call, unless --run-timeout / QNN_RUN_TIMEOUT_S says otherwise. Far

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from qnn_common.cli_support import EXIT_ERROR
+from qnn_common.cli.support import EXIT_ERROR
 from qnn_common.errors import ConfigValidationError
 from qnn_infer import deadline
 

@@ -19,7 +19,7 @@ Why fork, not a fresh interpreter: the child shares the imported runtime, the lo
 libraries and the inputs, copy-on-write; a new Python would import torch again, seconds per
 program. The runtime's threadpool survives a fork (ExecuTorch reinitialises it in the child).
 
-Programs this process compiled itself (`qnn_common.own_programs`: a chained pipeline run) skip
+Programs this process compiled itself (`qnn_common.store.own_programs`: a chained pipeline run) skip
 the rehearsal, so a normal run pays nothing; a cached compile artifact, a `--from X.pte` or a
 `qnn-infer` of a directory is rehearsed, at the cost of loading the program and running its
 inputs twice.
@@ -36,10 +36,10 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from qnn_common import own_programs
-from qnn_common.cli_support import EXIT_ERROR
+from qnn_common.cli.noise import stop_filtering_native_output
+from qnn_common.cli.support import EXIT_ERROR
 from qnn_common.errors import ArtifactError, PipelineError
-from qnn_common.noise import stop_filtering_native_output
+from qnn_common.store import own_programs
 
 log = logging.getLogger(__name__)
 

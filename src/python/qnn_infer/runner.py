@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 import torch
 
+from qnn_common.cli.noise import native_noise_filtered
 from qnn_common.config import Stage
 from qnn_common.errors import (
     ArtifactError,
@@ -26,7 +27,6 @@ from qnn_common.errors import (
     PipelineError,
     StageError,
 )
-from qnn_common.noise import native_noise_filtered
 from qnn_infer.deadline import bound_for, bounded
 from qnn_infer.pte import check_pte_header, user_output_count
 from qnn_infer.runtimes import host_runtime
@@ -83,7 +83,7 @@ class HostRunner:
     """Execute a .pte in this process through `executorch.runtime`.
 
     Inputs are the method's flat inputs: for a model called with structured arguments, the
-    pytree leaves of its ``(args, kwargs)`` in order (`qnn_common.tensorio.ModelInputs.leaves`),
+    pytree leaves of its ``(args, kwargs)`` in order (`torchio.samples.ModelInputs.leaves`),
     ints, floats, bools and None included: torch.export bakes those into the program as
     constants but keeps them as inputs, and the .pte takes them too (measured: a model with 5
     tensor and 4 constant leaves has a 9-input method and refuses the 5 tensors alone).

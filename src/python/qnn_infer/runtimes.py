@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from qnn_common.cli.noise import native_noise_filtered
 from qnn_common.errors import ArtifactError
 from qnn_common.llm_spec import LLM_CUSTOM_OPS_MODULE
-from qnn_common.noise import native_noise_filtered
 from qnn_common.recipes import BACKENDS, Backend
 
 log = logging.getLogger(__name__)

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from qnn_common.cli_support import (
+from qnn_common.cli.support import (
     EXIT_CODES_HELP,
     add_logging_args,
     check_output_writable,

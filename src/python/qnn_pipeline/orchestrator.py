@@ -16,8 +16,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
-from qnn_common.artifact_dir import cleans_up_artifacts
-from qnn_common.artifact_lock import acquire_artifact_lock, release_artifact_lock
 from qnn_common.config import QuantizeConfig, Stage
 from qnn_common.errors import ArtifactError, ConfigValidationError, PipelineError, StageError
 from qnn_common.manifest import MANIFEST_NAME, Manifest, load_manifest
@@ -33,6 +31,8 @@ from qnn_common.stages import (
     QuantizeInput,
     QuantizeOutput,
 )
+from qnn_common.store.artifact_dir import cleans_up_artifacts
+from qnn_common.store.artifact_lock import acquire_artifact_lock, release_artifact_lock
 from qnn_compile.api import compile_cache_key, run_compile
 from qnn_infer.api import infer_cache_key, run_infer
 from qnn_infer.gate_check import AccuracyGateError, gate_failure
@@ -45,7 +45,7 @@ from qnn_pipeline.summary import (
     write_summary,
 )
 from qnn_prepare.api import prepare_cache_key, run_prepare
-from qnn_prepare.causal_lm import check_prompt_fits
+from qnn_prepare.causal_lm.export import check_prompt_fits
 from qnn_prepare.models import task_for
 from qnn_quant.api import quantize_cache_key, run_quantize
 
@@ -75,7 +75,7 @@ class Artifact:
     """A stage's result as the next stage receives it: its directory (or, resuming with --from,
     a bare .pt2 / .pte), its manifest (None for a bare file), and the programs its stage saved
     in this process, which the next stage takes in memory (empty when cached or made
-    elsewhere; `qnn_common.tensorio.SavedProgram`)."""
+    elsewhere; `qnn_common.torchio.programs.SavedProgram`)."""
 
     path: Path
     manifest: Manifest | None = None

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from qnn_common.cli_support import (
+from qnn_common.cli.support import (
     EXIT_CODES_HELP,
     EXIT_ERROR,
     add_logging_args,

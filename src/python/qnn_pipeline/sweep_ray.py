@@ -12,7 +12,7 @@ import contextlib
 import os
 from typing import Any
 
-from qnn_common.child_env import import_path, path_exported
+from qnn_common.cli.child_env import import_path, path_exported
 from qnn_common.errors import PipelineError
 from qnn_pipeline.ray_reaper import reaped_ray
 from qnn_pipeline.sweep import NodeResult, ProgressCallback, SweepPlan, execute_node
@@ -21,9 +21,9 @@ from qnn_pipeline.sweep import NodeResult, ProgressCallback, SweepPlan, execute_
 def ray_init_kwargs(jobs: int | None, address: str | None, verbose: bool = False) -> dict[str, Any]:
     """`ray.init` arguments: a local Ray of `jobs` CPUs, or the cluster at `address`.
 
-    A local Ray's workers get this process's import path (`qnn_common.child_env`), so they import
-    what it imports (this project's sources included); a cluster's workers need the qnn-pipeline
-    wheels installed.
+    A local Ray's workers get this process's import path (`qnn_common.cli.child_env`), so they
+    import what it imports (this project's sources included); a cluster's workers need the
+    qnn-pipeline wheels installed.
     """
     kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": verbose}
     if address is not None:

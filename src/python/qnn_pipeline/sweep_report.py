@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from qnn_common.atomic import atomic_write_text
+from qnn_common.store.atomic import atomic_write_text
 from qnn_pipeline.sweep import CellResult
 
 MARKDOWN_NAME = "sweep.md"

@@ -31,12 +31,13 @@ from qnn_common.stages import (
     PrepareOutput,
     method_program,
 )
-from qnn_common.tensorio import handed_on, save_program, save_samples
+from qnn_common.torchio.programs import handed_on, save_program
+from qnn_common.torchio.samples import save_samples
+from qnn_prepare.causal_lm.smollm2 import SMOLLM2, weights_digest
+from qnn_prepare.causal_lm.tiny_decoders import TINY_DECODERS, weights_resource
 from qnn_prepare.factory import is_factory_spec
 from qnn_prepare.models import BUILTIN_MODELS, task_for
 from qnn_prepare.provenance import factory_digest
-from qnn_prepare.smollm2 import SMOLLM2, weights_digest
-from qnn_prepare.tiny_decoders import TINY_DECODERS, weights_resource
 
 PACKAGE = "qnn-prepare"
 log = logging.getLogger(__name__)

@@ -7,7 +7,7 @@ Sources, in `make_inputs` (and `make_calibration`):
 * a ``.pt`` file written by `save_samples` (or by hand): a list whose items are a tensor (one-input
   models), a tuple/list of the positional arguments, or ``{"args": ..., "kwargs": ...}``, each
   matching the example inputs in structure, dtype and shape (and in their non-tensor values,
-  which torch.export baked into the program; see `qnn_common.tensorio.load_inputs`);
+  which torch.export baked into the program; see `qnn_common.torchio.samples.load_inputs`);
 * nothing: text models with a tokenizer use `BUILTIN_SENTENCES`, real sentences of varied topic,
   length and form. Random token ids make activations no real input produces (no sentence
   structure, no [SEP] at the end of the text), so ranges calibrated on them fit real inputs
@@ -37,7 +37,7 @@ from typing import Any
 import torch
 
 from qnn_common.errors import ArtifactError, ConfigValidationError
-from qnn_common.tensorio import ModelInputs, Sample, as_model_inputs, load_inputs
+from qnn_common.torchio.samples import ModelInputs, Sample, as_model_inputs, load_inputs
 from qnn_prepare.task import LoadedModel
 
 # Varied English: questions, instructions, news, science, dialogue, lists and numbers, short and

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from qnn_common.errors import ArtifactError, ConfigValidationError
-from qnn_common.tensorio import load_samples, save_samples
+from qnn_common.torchio.samples import load_samples, save_samples
 from qnn_prepare.calibration import (
     BUILTIN_SENTENCES,
     calibration_summary,

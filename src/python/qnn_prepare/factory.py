@@ -20,8 +20,8 @@ import torch
 from torch import nn
 
 from qnn_common.errors import ConfigValidationError
-from qnn_common.program_state import initial_buffers_kept
-from qnn_common.tensorio import ModelInputs, check_structure
+from qnn_common.torchio.program_state import initial_buffers_kept
+from qnn_common.torchio.samples import ModelInputs, check_structure
 from qnn_prepare.task import LoadedModel
 
 _FACTORY_SPEC = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from qnn_common.errors import ArtifactError, ConfigValidationError
-from qnn_common.hf_untrusted import HF_LOAD, check_model_dir, read_hf_json
+from qnn_common.torchio.hf_untrusted import HF_LOAD, check_model_dir, read_hf_json
 
 EXAMPLE_SENTENCE = "ExecuTorch runs this model on a phone after it has been quantized."
 
@@ -38,7 +38,7 @@ TOKENIZER_FILE_NAMES = (
 
 
 def read_json(path: Path) -> dict[str, Any]:
-    """`path` as a JSON object (size-bounded: `qnn_common.hf_untrusted.read_hf_json`)."""
+    """`path` as a JSON object (size-bounded: `qnn_common.torchio.hf_untrusted.read_hf_json`)."""
     return read_hf_json(path)
 
 

@@ -22,10 +22,10 @@ from pathlib import Path
 
 from qnn_common.config import PrepareConfig
 from qnn_common.errors import ConfigValidationError
+from qnn_prepare.causal_lm.task import CausalLmTask, load_logits_lm_spec
 from qnn_prepare.encoder import MINILM, MINILM_DESCRIPTION, load_encoder, load_minilm
 from qnn_prepare.factory import FACTORY_CONTRACT, is_factory_spec, load_factory
 from qnn_prepare.hf_dir import is_hf_dir_spec, open_hf_dir
-from qnn_prepare.lm_task import CausalLmTask, load_logits_lm_spec
 from qnn_prepare.single import SingleMethodTask
 from qnn_prepare.task import LoadedModel, Task
 from qnn_prepare.vision import TINY_CNN, TINY_CNN_DESCRIPTION, load_tiny_cnn

@@ -13,10 +13,10 @@ from qnn_common.config import PrepareConfig
 from qnn_common.errors import ArtifactError, ConfigValidationError
 from qnn_common.llm import MASK_VALUE
 from qnn_common.stages import PROGRAM, PrepareInput, method_program
-from qnn_prepare.lm_task import LogitsLm
+from qnn_prepare.causal_lm.task import LogitsLm
+from qnn_prepare.causal_lm.tiny_decoders import save_tiny_llama
 from qnn_prepare.models import BUILTIN_MODELS, TASKS, list_models, load_model, task_for
 from qnn_prepare.task import LoadedModel, export_program
-from qnn_prepare.tiny_decoders import save_tiny_llama
 
 
 @pytest.fixture(scope="module")

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 import torch
 
 from qnn_common.config import PrepareConfig
-from qnn_common.program_state import initial_buffers_kept
 from qnn_common.stages import DEFAULT_METHOD, TOKENIZER_DIR
-from qnn_common.tensorio import ModelInputs, Sample, flatten_outputs
+from qnn_common.torchio.program_state import initial_buffers_kept
+from qnn_common.torchio.samples import ModelInputs, Sample, flatten_outputs
 from qnn_prepare.calibration import calibration_summary, make_inputs
 from qnn_prepare.task import LoadedModel, TaskExport, export_program
 

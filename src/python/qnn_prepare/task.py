@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from qnn_common.config import PrepareConfig
-from qnn_common.tensorio import ModelInputs, Sample
+from qnn_common.torchio.samples import ModelInputs, Sample
 
 KINDS = ("text-encoder", "causal-lm", "vision", "custom")
 

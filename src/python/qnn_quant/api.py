@@ -22,13 +22,8 @@ from qnn_common.stages import (
     carry_forward,
     program_files,
 )
-from qnn_common.tensorio import (
-    handed_on,
-    load_program,
-    save_program,
-    save_samples,
-    share_equal_weights,
-)
+from qnn_common.torchio.programs import handed_on, load_program, save_program, share_equal_weights
+from qnn_common.torchio.samples import save_samples
 from qnn_quant.families import family_for
 from qnn_quant.gptq import GptqResult
 from qnn_quant.intx import IntxResult

@@ -19,10 +19,10 @@ import torch
 from torch.export import ExportedProgram
 from tqdm import tqdm
 
+from qnn_common.cli.noise import native_noise_filtered
 from qnn_common.config import DEFAULT_LPBQ_BLOCK
 from qnn_common.errors import StageError
 from qnn_common.llm import DECODE, PREFILL, LlmSpec, MethodRunner, feed, method_steps
-from qnn_common.noise import native_noise_filtered
 from qnn_common.recipes import (
     DEFAULT_EMBEDDING_WEIGHTS,
     DEFAULT_GROUP_SIZE,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from qnn_common import noise
+from qnn_common.cli import noise
 from qnn_common.recipes import Backend, Recipe
 from qnn_common.soc import lookup_soc
 from qnn_common.target import Target

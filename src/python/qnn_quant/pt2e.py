@@ -22,10 +22,9 @@ import torch
 from torch.export import ExportedProgram
 from tqdm import tqdm
 
+from qnn_common.cli.noise import printed_noise_filtered
 from qnn_common.config import DEFAULT_LPBQ_BLOCK
 from qnn_common.errors import ConfigValidationError
-from qnn_common.noise import printed_noise_filtered
-from qnn_common.program_state import initial_buffers_kept
 from qnn_common.recipes import (
     DEFAULT_EMBEDDING_WEIGHTS,
     DEFAULT_GROUP_SIZE,
@@ -39,7 +38,8 @@ from qnn_common.recipes import (
     default_weight_rounding,
 )
 from qnn_common.target import Target
-from qnn_common.tensorio import ModelInputs, as_model_inputs
+from qnn_common.torchio.program_state import initial_buffers_kept
+from qnn_common.torchio.samples import ModelInputs, as_model_inputs
 from qnn_quant.gptq import GptqResult, pin_weight_scales, round_weights
 from qnn_quant.graph_rewrites import constant_matmuls_as_linear, constant_weight_views_folded
 from qnn_quant.intx import IntxResult, quantize_program_8da4w
@@ -161,6 +161,12 @@ def weight_bits(recipe: Recipe) -> int:
 
 def float_graph(ep: ExportedProgram) -> torch.fx.GraphModule:
     """`ep` as the float graph module the quantizer annotates (constant matmuls as linears)."""
+    if writes_into_a_view(ep):
+        # `cache[2:4] = rows`: PT2E quantizes a later reader's input where the buffer is
+        # defined, before the write, and the program silently reads the old values. Made
+        # functional (the write a slice_scatter, the buffer's update an output), every read
+        # names the value it reads.
+        ep = ep.run_decompositions({})
     graph_module = ep.module()
     rewritten = constant_matmuls_as_linear(graph_module)
     if rewritten:
@@ -169,6 +175,31 @@ def float_graph(ep: ExportedProgram) -> torch.fx.GraphModule:
     if folded:
         log.info("%d layer weights that were views of a constant folded into constants", folded)
     return graph_module
+
+
+def writes_into_a_view(ep: ExportedProgram) -> bool:
+    """Whether an op of `ep` writes in place into a view of a tensor (a slice of a buffer)
+    rather than into the tensor itself."""
+    for node in ep.graph.nodes:
+        op = node.target
+        if node.op != "call_function" or not isinstance(op, torch._ops.OpOverload):
+            continue
+        arguments = op._schema.arguments
+        if not arguments or arguments[0].alias_info is None or not arguments[0].alias_info.is_write:
+            continue
+        dest = node.args[0] if node.args else None
+        if isinstance(dest, torch.fx.Node) and _is_view(dest):
+            return True
+    return False
+
+
+def _is_view(node: torch.fx.Node) -> bool:
+    op = node.target
+    if node.op != "call_function" or not isinstance(op, torch._ops.OpOverload):
+        return False
+    returns = op._schema.returns
+    alias = returns[0].alias_info if returns else None
+    return alias is not None and not alias.is_write
 
 
 def prepare_program(

@@ -15,9 +15,9 @@ torchao 0.18's numeric debugger (`prepare_for_propagation_comparison`,
 logger's `nn_module_stack`, but it is not used: it pairs nodes by their oldest `from_node`
 ancestor (name, graph id), which holds only while both graphs descend from one in-memory trace,
 and here the fp32 program comes from a .pt2 (its graph ids renumbered at save, see
-`qnn_common.tensorio.save_program`) and the quantized one is re-exported; it also logs every node,
-views and q/dq included, and reads a quantized layer before its output q/dq, which would change
-what this report measures.
+`qnn_common.torchio.programs.save_program`) and the quantized one is re-exported; it also logs
+every node, views and q/dq included, and reads a quantized layer before its output q/dq, which
+would change what this report measures.
 
 Layer errors cover every position of a tensor, including padding positions that the model's
 outputs later ignore: a padded encoder can show worse layer numbers than its final output.
@@ -33,8 +33,8 @@ import torch
 from torch.export import ExportedProgram
 
 from qnn_common import metrics
-from qnn_common.program_state import initial_buffers_kept
-from qnn_common.tensorio import flatten_outputs
+from qnn_common.torchio.program_state import initial_buffers_kept
+from qnn_common.torchio.samples import flatten_outputs
 from qnn_quant.fused_qdq import fuse_qdq_pairs
 from qnn_quant.layers import module_path
 

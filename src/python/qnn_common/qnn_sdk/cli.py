@@ -6,7 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from qnn_common.cli_support import add_logging_args, run_cli, setup_logging
+from qnn_common.cli.support import add_logging_args, run_cli, setup_logging
 from qnn_common.qnn_sdk.compat import check_compatible
 from qnn_common.qnn_sdk.sdk import find_qnn_sdk
 

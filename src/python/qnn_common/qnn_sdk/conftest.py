@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from qnn_common.child_env import python_child_env
+from qnn_common.cli.child_env import python_child_env
 from qnn_common.qnn_sdk import QnnSdk, find_qnn_sdk
 
 

@@ -28,6 +28,7 @@ from qnn_common.errors import ConfigValidationError
 from qnn_common.qnn_sdk import ready_qnn_sdk
 from qnn_common.recipes import Recipe
 from qnn_compile.backends import BackendLowering
+from qnn_compile.constant_subgraphs import fold_constant_subgraphs
 from qnn_compile.context_cache import ContextCache, building_contexts, one_context_per_method
 from qnn_compile.shards import FALLBACK_OP, ShardLayers
 from qnn_compile.shared_constants import sharing_weights_with_qnn
@@ -112,7 +113,9 @@ def lowering(config: CompileConfig) -> BackendLowering:
             # After FoldQDQ, as upstream's SplitGraph: each cut carries its input's quant attrs.
             folded = [i for i, p in enumerate(passes) if isinstance(p, FoldQDQ)]
             passes.insert(folded[-1] + 1 if folded else len(passes), ShardLayers(shards))
-        return passes
+        # Last, on QNN's annotations: a partition computed from constants alone would have no
+        # graph inputs, which QNN cannot build (constant_subgraphs.py).
+        return [*passes, fold_constant_subgraphs]
 
     def export_passes(ep: Any) -> Any:
         # Upstream runs these on the ATen program (LiftConstantScalarOperands and friends) so the

@@ -17,13 +17,12 @@ from typing import Any
 import torch
 
 from qnn_common.chat_template import render_chat_prompt
+from qnn_common.cli.noise import native_noise_filtered
 from qnn_common.config import InferConfig
 from qnn_common.errors import ArtifactError, ConfigValidationError
-from qnn_common.hf_untrusted import HF_LOAD, refuse_custom_code
 from qnn_common.llm import GenerationConfig, LlmSpec, feed, teacher_forced_logits
 from qnn_common.manifest import Manifest, begin_artifact, load_manifest
 from qnn_common.metrics import logits_accuracy, perplexity
-from qnn_common.noise import native_noise_filtered
 from qnn_common.stages import (
     EVAL_INPUTS,
     PTE,
@@ -36,7 +35,8 @@ from qnn_common.stages import (
     llm_spec_of,
     rope_of,
 )
-from qnn_common.tensorio import load_samples
+from qnn_common.torchio.hf_untrusted import HF_LOAD, refuse_custom_code
+from qnn_common.torchio.samples import load_samples
 from qnn_infer.gate_check import judge_accuracy
 from qnn_infer.generate import Generation, PteLm, generate
 from qnn_infer.isolation import Rehearsal, Step, rehearse_unless_own

@@ -27,7 +27,7 @@ from qnn_common.stages import (
     InferOutput,
     compiled_for,
 )
-from qnn_common.tensorio import load_inputs, load_samples, save_samples
+from qnn_common.torchio.samples import load_inputs, load_samples, save_samples
 from qnn_infer.device import device_runner
 from qnn_infer.gate_check import judge_accuracy
 from qnn_infer.isolation import Rehearsal, Step, rehearse_unless_own

@@ -21,7 +21,7 @@ from qnn_common.stages import (
     llm_spec_of,
     rope_of,
 )
-from qnn_common.tensorio import load_samples
+from qnn_common.torchio.samples import load_samples
 from qnn_quant.families import Quantized
 from qnn_quant.fused_qdq import reference_module
 from qnn_quant.methods import module_runner, quantize_causal_lm

@@ -13,7 +13,7 @@ import torch
 from qnn_common.manifest import Manifest
 from qnn_common.metrics import compare_samples
 from qnn_common.stages import CALIBRATION, EVAL_INPUTS, REFERENCE_FP32, QuantizeInput
-from qnn_common.tensorio import ModelInputs, flatten_outputs, load_inputs, load_samples
+from qnn_common.torchio.samples import ModelInputs, flatten_outputs, load_inputs, load_samples
 from qnn_quant.families import Quantized
 from qnn_quant.fused_qdq import reference_module
 from qnn_quant.pt2e import quantize_program_with_gptq

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from qnn_common.errors import ConfigValidationError, StageError
-from qnn_common.tensorio import Sample
+from qnn_common.torchio.samples import Sample
 from qnn_testing.expect import EXACT, Outcome, Raises, Rule
 from qnn_testing.structure import Delegation, Structure
 

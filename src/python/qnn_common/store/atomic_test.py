@@ -7,7 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from qnn_common.atomic import atomic_path, atomic_write_text, is_temp_name, remove_orphaned_temps
+from qnn_common.store.atomic import (
+    atomic_path,
+    atomic_write_text,
+    is_temp_name,
+    remove_orphaned_temps,
+)
 
 
 def _dead_pid() -> int:

@@ -22,7 +22,7 @@ from torch import nn
 
 from qnn_common.errors import ConfigValidationError
 from qnn_common.llm import DECODE, PREFILL, KvIoCache, KvLayout
-from qnn_prepare.causal_lm import CausalLm
+from qnn_prepare.causal_lm.export import CausalLm
 
 
 class _IoCache:

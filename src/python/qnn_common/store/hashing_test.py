@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from qnn_common import hashing
-from qnn_common.hashing import RACY_NS, clear_digest_memo, hashed_count, sha256_file
 from qnn_common.manifest import load_manifest, write_manifest
+from qnn_common.store import hashing
+from qnn_common.store.hashing import RACY_NS, clear_digest_memo, hashed_count, sha256_file
 
 # Long enough after a write that the file's timestamps are outside the racy window.
 SETTLE_S = 2 * RACY_NS / 1e9

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from qnn_common.child_env import import_path, path_exported, python_child_env
+from qnn_common.cli.child_env import import_path, path_exported, python_child_env
 
 # The parent, as a PEX runs code: its import path is assembled at start-up (here: a directory
 # put on sys.path by code, with no PYTHONPATH), then it starts `sys.executable` for a module
@@ -17,7 +17,7 @@ from qnn_common.child_env import import_path, path_exported, python_child_env
 _PARENT = """
 import subprocess, sys
 sys.path.insert(0, sys.argv[1])
-from qnn_common.child_env import python_child_env
+from qnn_common.cli.child_env import python_child_env
 env = python_child_env() if sys.argv[2] == "passed" else None
 sys.exit(subprocess.run([sys.executable, "-c", "import only_on_my_path"], env=env).returncode)
 """

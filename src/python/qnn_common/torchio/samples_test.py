@@ -11,14 +11,8 @@ import pytest
 import torch
 
 from qnn_common.errors import ArtifactError
-from qnn_common.tensorio import (
-    ModelInputs,
-    load_inputs,
-    load_program,
-    load_samples,
-    save_program,
-    save_samples,
-)
+from qnn_common.torchio.programs import load_program, save_program
+from qnn_common.torchio.samples import ModelInputs, load_inputs, load_samples, save_samples
 
 
 def _export() -> torch.export.ExportedProgram:

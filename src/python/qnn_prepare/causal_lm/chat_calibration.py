@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from qnn_common.chat_template import render_chat
-from qnn_prepare.causal_lm import CausalLm
+from qnn_prepare.causal_lm.export import CausalLm
 
 # Sentences the assistant's turn starts with: enough to fill any window in this repo's shapes,
 # re-rendered with more if not. The user's turn is one sentence cut to a few words, so that even

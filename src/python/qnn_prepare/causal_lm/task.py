@@ -1,8 +1,8 @@
 """The causal-LM task: a decoder as ``prefill`` + ``decode`` methods over a KV cache, or, without
 a cache, as one logits-only forward at a fixed length.
 
-Sources: the built-in tiny decoders (`qnn_prepare.tiny_decoders`), SmolLM2-135M-Instruct
-(`qnn_prepare.smollm2`) and local HF directories whose
+Sources: the built-in tiny decoders (`qnn_prepare.causal_lm.tiny_decoders`), SmolLM2-135M-Instruct
+(`qnn_prepare.causal_lm.smollm2`) and local HF directories whose
 architecture is a ``*ForCausalLM``. With ``kv_cache`` the artifact carries a program per method,
 calibration and eval texts as token sequences (two shipped public-domain texts, never the same
 one for both: `causal_lm.EvalTexts`), the eager HF
@@ -23,23 +23,23 @@ import torch
 from torch import nn
 
 from qnn_common.config import PrepareConfig
-from qnn_common.hf_untrusted import HF_LOAD
 from qnn_common.llm import MASK_VALUE
 from qnn_common.stages import ROPE_TABLE, TOKENIZER_DIR
-from qnn_prepare.causal_lm import (
+from qnn_common.torchio.hf_untrusted import HF_LOAD
+from qnn_prepare.causal_lm.chat_calibration import chat_sequences
+from qnn_prepare.causal_lm.export import (
     eager_logits,
     export_methods,
     is_causal_lm_dir,
     load_causal_lm,
     text_sequences,
 )
-from qnn_prepare.chat_calibration import chat_sequences
+from qnn_prepare.causal_lm.kv_io import export_kv_io_methods, kv_layout
+from qnn_prepare.causal_lm.smollm2 import SMOLLM2, SMOLLM2_DESCRIPTION, save_smollm2
+from qnn_prepare.causal_lm.tiny_decoders import TINY_DECODERS, save_tiny_decoder
 from qnn_prepare.hf_dir import HfDir, example_tokens, is_hf_dir_spec, open_hf_dir
-from qnn_prepare.kv_io import export_kv_io_methods, kv_layout
 from qnn_prepare.single import export_single
-from qnn_prepare.smollm2 import SMOLLM2, SMOLLM2_DESCRIPTION, save_smollm2
 from qnn_prepare.task import LoadedModel, TaskExport
-from qnn_prepare.tiny_decoders import TINY_DECODERS, save_tiny_decoder
 
 log = logging.getLogger(__name__)
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from qnn_prepare.causal_lm import CausalLm, load_causal_lm
-from qnn_prepare.chat_calibration import chat_sequences
-from qnn_prepare.tiny_decoders import save_tiny_decoder
+from qnn_prepare.causal_lm.chat_calibration import chat_sequences
+from qnn_prepare.causal_lm.export import CausalLm, load_causal_lm
+from qnn_prepare.causal_lm.tiny_decoders import save_tiny_decoder
 
 _TEMPLATE = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
 

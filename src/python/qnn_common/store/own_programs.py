@@ -17,7 +17,7 @@ import hashlib
 import threading
 from pathlib import Path
 
-from qnn_common.hashing import sha256_file
+from qnn_common.store.hashing import sha256_file
 
 _own: set[str] = set()
 _lock = threading.Lock()

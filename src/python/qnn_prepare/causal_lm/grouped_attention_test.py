@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from qnn_prepare.grouped_attention import grouped_attention, uses_plain_attention
+from qnn_prepare.causal_lm.grouped_attention import grouped_attention, uses_plain_attention
 
 
 class _Heads(nn.Module):
@@ -53,7 +53,7 @@ def test_refuses_to_run_without_a_boolean_mask() -> None:
 def test_exported_decode_has_no_copy_of_the_cache() -> None:
     """tiny-llama (4 query heads, 2 KV heads) exported as the pipeline does: no 5-D expand of
     the cache (transformers' repeat_kv), and the family is one this attention computes."""
-    from qnn_prepare.causal_lm import export_methods, load_causal_lm
+    from qnn_prepare.causal_lm.export import export_methods, load_causal_lm
 
     lm = load_causal_lm("tiny-llama", max_seq_len=32, prefill_len=8)
     assert uses_plain_attention(lm.hf)

@@ -1,5 +1,5 @@
 """A saved program goes to the next stage's load of its file in memory, while the file holds the
-bytes saved (`tensorio.SavedProgram`)."""
+bytes saved (`programs.SavedProgram`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from qnn_common.errors import ArtifactError
-from qnn_common.tensorio import (
+from qnn_common.torchio.programs import (
     SavedProgram,
     handed_on,
     load_program,

@@ -6,7 +6,8 @@ logits have the confident margins of a real language model. A random-weight deco
 nearly flat, which makes argmax agreement after quantization a coin toss that says nothing about
 the pipeline (measured on random tiny-llama, QNN 16a4w fake quant: 0.69-0.91 over runs that
 differed only in the evaluation windows). Regenerate the weights with
-``python -m qnn_prepare.tiny_decoders --out src/python/qnn_prepare/data`` (seeded; about 15 s).
+``python -m qnn_prepare.causal_lm.tiny_decoders --out src/python/qnn_prepare/data`` (seeded; about
+15 s).
 """
 
 from __future__ import annotations
@@ -119,7 +120,7 @@ def save_tiny_decoder(
             raise ArtifactError(
                 Path(str(resource)),
                 f"the shipped weights of {name} do not load ({err}); reinstall qnn-prepare or "
-                "regenerate them with `python -m qnn_prepare.tiny_decoders`",
+                "regenerate them with `python -m qnn_prepare.causal_lm.tiny_decoders`",
             ) from err
     model.save_pretrained(directory)  # type: ignore[operator]  # PreTrainedModel method
     byte_tokenizer().save_pretrained(directory)
@@ -186,7 +187,10 @@ def _tied(model: nn.Module) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Regenerate the shipped weights: ``python -m qnn_prepare.tiny_decoders --out DIR``."""
+    """Regenerate the shipped weights.
+
+    ``python -m qnn_prepare.causal_lm.tiny_decoders --out DIR``
+    """
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("--out", type=Path, required=True, help="directory for <name>.safetensors")
     parser.add_argument("--steps", type=int, default=STEPS)

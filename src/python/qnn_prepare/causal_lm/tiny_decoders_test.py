@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from qnn_common.errors import ConfigValidationError
-from qnn_prepare.tiny_decoders import (
+from qnn_prepare.causal_lm.tiny_decoders import (
     TINY_DECODERS,
     VOCAB,
     byte_tokenizer,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from qnn_prepare.causal_lm import HALVES, HELD_OUT, load_causal_lm, text_sequences
+from qnn_prepare.causal_lm.export import HALVES, HELD_OUT, load_causal_lm, text_sequences
 
 
 def _windows(tokens: list[list[int]], n: int) -> set[tuple[int, ...]]:

@@ -8,8 +8,8 @@ import typing
 
 import torch
 
-from qnn_common import serde_speed
-from qnn_common.tensorio import load_program, save_program
+from qnn_common.torchio import serde_speed
+from qnn_common.torchio.programs import load_program, save_program
 
 
 def test_hints_are_typings_own_for_every_schema_class() -> None:

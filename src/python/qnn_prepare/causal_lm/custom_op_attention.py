@@ -16,7 +16,8 @@ layer through transformers' attention keyword arguments: the methods are called 
 consecutive positions, as `qnn_common.llm` does.
 
 The program then needs the ops' kernels: ExecuTorch's pip package registers them when
-`executorch.extension.llm.custom_ops.custom_ops` is imported (`qnn_common.tensorio` does before
+`executorch.extension.llm.custom_ops.custom_ops` is imported (`qnn_common.torchio.programs`
+does before
 loading any program, `qnn_infer` before running one); a device runtime links `custom_ops`, as
 ExecuTorch's LLM runner does. QNN keeps its cache as inputs and outputs (`kv_io`) instead.
 """

@@ -9,7 +9,7 @@ import warnings
 
 import pytest
 
-from qnn_common import noise
+from qnn_common.cli import noise
 
 
 @pytest.fixture

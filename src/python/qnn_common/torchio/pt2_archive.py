@@ -6,7 +6,7 @@ constants marked `use_pickle` (tensor subclasses) are loaded with `weights_only=
 opaque objects go through `pickle.loads`; an AOTInductor package carries native code. A
 `__reduce__` payload in any of them runs on load.
 
-`check_pt2_archive` opens the archive through `qnn_common.bounded_zip` (canonical, unique names;
+`check_pt2_archive` opens the archive through `bounded_zip` (canonical, unique names;
 sizes bounded by the headers before anything is inflated) and accepts only what
 torch.export.save writes for a plain program: weights and constants stored as raw tensor bytes,
 sample inputs that load with `weights_only=True`, JSON. Everything else is refused with the
@@ -32,8 +32,8 @@ from typing import Any, BinaryIO
 
 import torch
 
-from qnn_common.bounded_zip import BoundedZip, open_bounded_zip
 from qnn_common.errors import ArtifactError
+from qnn_common.torchio.bounded_zip import BoundedZip, open_bounded_zip
 
 _PRODUCE = "produce one with torch.export.save(torch.export.export(model, inputs), path)"
 _WHAT = "an exported program"

@@ -22,13 +22,13 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import ParamSpec, TypeVar
 
-from qnn_common.artifact_lock import (
+from qnn_common.errors import ArtifactError
+from qnn_common.store.artifact_lock import (
     acquire_artifact_lock,
     held_artifact_locks,
     is_locked_here,
     release_artifact_lock,
 )
-from qnn_common.errors import ArtifactError
 
 MANIFEST_NAME = "manifest.json"
 # Far above any manifest a stage writes (a file list, configs and metrics: kilobytes); a file

@@ -19,9 +19,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType, TracebackType
 
-from qnn_common.artifact_dir import cleans_up_artifacts
+from qnn_common.cli.noise import quiet_third_party
 from qnn_common.errors import ConfigValidationError, PipelineError, StageError
-from qnn_common.noise import quiet_third_party
+from qnn_common.store.artifact_dir import cleans_up_artifacts
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ def add_logging_args(parser: argparse.ArgumentParser) -> None:
 
 
 def setup_logging(verbose: bool = False, quiet: bool = False) -> None:
-    """Log to stderr; without `verbose`, filter known-harmless third-party noise (qnn_common.noise).
+    """Log to stderr; without `verbose`, filter known-harmless third-party noise (`cli.noise`).
 
     Call it before anything imports torch: some of that noise is logged at import time.
     """

@@ -7,8 +7,8 @@ module, so their weights and cache buffers have the same names; compile lowers t
 .pte in which the cache is shared (`share_mutable_buffers`).
 
 Sources: a local Hugging Face directory of any decoder transformers' Auto classes know, or the
-built-ins `tiny-llama` and `tiny-qwen` (`qnn_prepare.tiny_decoders`) and `smollm2-135m`
-(`qnn_prepare.smollm2`, real weights).
+built-ins `tiny-llama` and `tiny-qwen` (`qnn_prepare.causal_lm.tiny_decoders`) and `smollm2-135m`
+(`qnn_prepare.causal_lm.smollm2`, real weights).
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ import torch
 from torch import nn
 
 from qnn_common.errors import ArtifactError, ConfigValidationError
-from qnn_common.hf_untrusted import HF_LOAD, check_model_dir, read_hf_json
 from qnn_common.llm import DECODE, PREFILL, LlmSpec, check_fits
-from qnn_prepare import custom_op_attention, grouped_attention
-from qnn_prepare.smollm2 import SMOLLM2, gguf_path, save_smollm2
-from qnn_prepare.tiny_decoders import (
+from qnn_common.torchio.hf_untrusted import HF_LOAD, check_model_dir, read_hf_json
+from qnn_prepare.causal_lm import custom_op_attention, grouped_attention
+from qnn_prepare.causal_lm.smollm2 import SMOLLM2, gguf_path, save_smollm2
+from qnn_prepare.causal_lm.tiny_decoders import (
     TINY_CONTEXT,
     TINY_DECODERS,
     byte_tokenizer,
@@ -71,8 +71,8 @@ HELD_OUT = EvalTexts(
     eval_source="text: the Gettysburg Address, the Declaration of Independence (public domain)",
 )
 # The tiny decoders were trained on Alice and find any other text near-random (flat logits make
-# argmax agreement a coin toss, `qnn_prepare.tiny_decoders`): they calibrate on its first half
-# and are evaluated on its second.
+# argmax agreement a coin toss, `tiny_decoders`): they calibrate on its first half and are
+# evaluated on its second.
 _half = len(HELD_OUT.calibration) // 2
 HALVES = EvalTexts(
     calibration=HELD_OUT.calibration[:_half],

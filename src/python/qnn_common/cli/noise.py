@@ -1,6 +1,6 @@
 """Known-harmless third-party noise, filtered in one place so that what a user reads is ours.
 
-Every CLI calls `quiet_third_party()` (through `cli_support.setup_logging`) unless `-v` is given,
+Every CLI calls `quiet_third_party()` (through `support.setup_logging`) unless `-v` is given,
 in which case everything below is shown as it comes. Each entry names the library and what the
 message means, so that a new version's noise is added here (with its reason) and nowhere else:
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from qnn_common.cli_support import (
+from qnn_common.cli.support import (
     EXIT_ERROR,
     EXIT_INTERRUPTED,
     EXIT_TERMINATED,

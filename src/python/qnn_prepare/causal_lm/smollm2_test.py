@@ -9,7 +9,7 @@ from importlib.machinery import ModuleSpec
 import pytest
 
 from qnn_common.errors import ArtifactError
-from qnn_prepare import smollm2
+from qnn_prepare.causal_lm import smollm2
 
 
 def _without(monkeypatch: pytest.MonkeyPatch, *names: str) -> None:

@@ -1,0 +1,1 @@
+"""The artifact store: atomic writes, content hashes, locks and staging directories."""

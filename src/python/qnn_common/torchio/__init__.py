@@ -1,0 +1,1 @@
+"""Torch files in and out, foreign ones included, without running code from them."""

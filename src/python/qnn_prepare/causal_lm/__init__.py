@@ -1,0 +1,1 @@
+"""The causal-LM task: decoders exported as prefill + decode over a KV cache (docs/llm.md)."""
