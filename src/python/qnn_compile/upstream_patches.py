@@ -1,0 +1,104 @@
+"""Every torch and ExecuTorch attribute qnn_compile replaces while it lowers, in one index.
+
+Each replacement is a `ScopedPatch` held by one module (its `_PATCH`), in place only while a
+lowering runs (scoped_patch.py). This index says what each replaces, why, which upstream it was
+written against, and which test pins what it must keep doing. `upstream_patches_test.py` holds
+the index to the code (every ScopedPatch listed, with exactly the attributes it replaces) and to
+the installed packages: a torch or ExecuTorch upgrade fails it until each patch has been read
+again against the new upstream code and `WRITTEN_FOR` moved.
+
+Not listed, since it changes no upstream behaviour: `progress.logging_partitions` wraps a
+backend's `preprocess` to log each partition compiled.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# The upstream (major.minor) every patch below was read against.
+WRITTEN_FOR = {"torch": "2.13", "executorch": "1.5"}
+
+
+@dataclass(frozen=True)
+class UpstreamPatch:
+    """One module's replacements: `module` is ours (qnn_compile.<module>, holding `_PATCH`)."""
+
+    module: str
+    # Upstream attributes, "package.module.attribute" or "package.module.Class.attribute".
+    replaces: frozenset[str]
+    why: str
+    test: str  # the test that fails if the replacement stops doing what the stock code did
+    # Attributes upstream does not define and the patch adds while active.
+    adds: frozenset[str] = frozenset()
+
+
+PATCHES = (
+    UpstreamPatch(
+        "cia_ops",
+        frozenset({
+            "torch._export.utils._materialize_cpp_cia_ops",
+            "torch._export.utils._collect_all_valid_cia_ops",
+            "torch.export.exported_program._collect_all_valid_cia_ops",
+            "torch.export.decomp_utils._collect_all_valid_cia_ops",
+        }),
+        "the preservable CIA ops are collected once per lowering, not walked from every op "
+        "namespace by each run_decompositions and decomposition table",
+        "src/python/qnn_compile/cia_ops_test.py",
+    ),
+    UpstreamPatch(
+        "context_cache",
+        frozenset({"executorch.backends.qualcomm.qnn_preprocess.QnnBackend"
+                   ".preprocess_multimethod"}),
+        "HTP contexts built one partition and method at a time and kept by what they are built "
+        "from: a killed compile resumes, and one method's graphs are built at a time",
+        "tests/qnn/qnn_context_cache_test.py",
+    ),
+    UpstreamPatch(
+        "node_sources",
+        frozenset(),
+        "each pass that deep-copies a graph shares the nodes' provenance records instead of "
+        "copying every node's whole history (left alone if torch defines the copy itself)",
+        "src/python/qnn_compile/node_sources_test.py",
+        adds=frozenset({"torch.fx.traceback.NodeSource.__deepcopy__"}),
+    ),
+    UpstreamPatch(
+        "partition_legalize",
+        frozenset({"executorch.exir.lowered_backend_module.legalize_graph"}),
+        "the topological re-sort after each partition cut moves nodes instead of copying the "
+        "whole program once per partition",
+        "src/python/qnn_compile/partition_legalize_test.py",
+    ),
+    UpstreamPatch(
+        "partition_merge",
+        frozenset({
+            "executorch.exir.backend.canonical_partitioners.group_partitioner"
+            ".GroupBasedPartitioner._merge_partitions",
+            "executorch.exir.backend.canonical_partitioners.group_partitioner"
+            "._DependencyViewer",
+        }),
+        "XNNPACK's partition merge costs what the graph costs, not its cube (SmolLM2's compile "
+        "spent most of an hour there)",
+        "src/python/qnn_compile/partition_merge_test.py",
+    ),
+    UpstreamPatch(
+        "partition_recompile",
+        frozenset({"executorch.exir.backend.backend_api._create_partitions_in_graph_module"}),
+        "the program's code is generated once after all partitions are cut, not once per cut",
+        "tests/llm/fast_partitioning_test.py",
+    ),
+    UpstreamPatch(
+        "shared_constants",
+        frozenset({"executorch.backends.qualcomm.qnn_preprocess.QnnBackend"
+                   ".copy_exported_program_for_preprocess"}),
+        "the partitions QNN preprocesses share the program's weights instead of a deep copy of "
+        "all of them at the compile's peak",
+        "tests/qnn/qnn_shared_weights_test.py",
+    ),
+    UpstreamPatch(
+        "xnnpack_passes",
+        frozenset({"executorch.backends.xnnpack.xnnpack_preprocess.XNNPACKPassManager"}),
+        "XNNPACK's per-partition passes that have nothing to match are skipped (each retraced "
+        "every partition on fake tensors)",
+        "tests/llm/fast_partitioning_test.py",
+    ),
+)
