@@ -254,13 +254,8 @@ def inputs_mismatch(samples: Sequence[ModelInputs], like: ModelInputs) -> str | 
             if isinstance(want, torch.Tensor):
                 if not isinstance(got, torch.Tensor):
                     return f"sample {i} input {j}: expected a tensor, got {got!r}"
-                if got.dtype != want.dtype:
-                    return f"sample {i} input {j}: expected dtype {want.dtype}, got {got.dtype}"
-                if got.shape != want.shape:
-                    return (
-                        f"sample {i} input {j}: expected shape {list(want.shape)}, "
-                        f"got {list(got.shape)}"
-                    )
+                if wrong := _tensor_mismatch(got, want):
+                    return f"sample {i} input {j}: {wrong}"
             elif type(got) is not type(want) or got != want:
                 return (
                     f"sample {i} input {j}: expected the constant {want!r}, got {got!r} "
@@ -305,13 +300,16 @@ def sample_mismatch(samples: Sequence[Sample], like: Sample) -> str | None:
         if len(sample) != len(like):
             return f"sample {i} has {len(sample)} tensors, the model takes {len(like)}"
         for j, (got, want) in enumerate(zip(sample, like, strict=True)):
-            if got.dtype != want.dtype:
-                return f"sample {i} input {j}: expected dtype {want.dtype}, got {got.dtype}"
-            if got.shape != want.shape:
-                return (
-                    f"sample {i} input {j}: expected shape {list(want.shape)}, "
-                    f"got {list(got.shape)}"
-                )
+            if wrong := _tensor_mismatch(got, want):
+                return f"sample {i} input {j}: {wrong}"
+    return None
+
+
+def _tensor_mismatch(got: torch.Tensor, want: torch.Tensor) -> str | None:
+    if got.dtype != want.dtype:
+        return f"expected dtype {want.dtype}, got {got.dtype}"
+    if got.shape != want.shape:
+        return f"expected shape {list(want.shape)}, got {list(got.shape)}"
     return None
 
 
