@@ -178,8 +178,9 @@ def float_graph(ep: ExportedProgram) -> torch.fx.GraphModule:
 
 
 def writes_into_a_view(ep: ExportedProgram) -> bool:
-    """Whether an op of `ep` writes in place into a view of a tensor (a slice of a buffer)
-    rather than into the tensor itself."""
+    """Whether an op of `ep` writes in place into a view of one of its buffers (a slice of a
+    cache) rather than into the buffer itself."""
+    buffers = set(ep.graph_signature.inputs_to_buffers)
     for node in ep.graph.nodes:
         op = node.target
         if node.op != "call_function" or not isinstance(op, torch._ops.OpOverload):
@@ -188,7 +189,11 @@ def writes_into_a_view(ep: ExportedProgram) -> bool:
         if not arguments or arguments[0].alias_info is None or not arguments[0].alias_info.is_write:
             continue
         dest = node.args[0] if node.args else None
-        if isinstance(dest, torch.fx.Node) and _is_view(dest):
+        if not isinstance(dest, torch.fx.Node) or not _is_view(dest):
+            continue
+        while _is_view(dest) and isinstance(dest.args[0], torch.fx.Node):
+            dest = dest.args[0]
+        if dest.op == "placeholder" and dest.name in buffers:
             return True
     return False
 
