@@ -7,9 +7,10 @@ decomposition builds from `arange` and a comparison, the positions of a write in
 buffer, the quantization of a literal. Evaluated once here, such a subgraph becomes one constant
 tensor that the partition using it holds as a static tensor, like a weight.
 
-A node folds when all its inputs fold: literals, constant attributes and nodes that fold, never
-a placeholder (a user input, a parameter or a buffer: buffers may be written at run time, and
-folding a weight's own ops would only duplicate it). Random and side-effecting ops never fold. The
+A node folds when all its inputs fold: it is computed from literals alone, never from a
+placeholder or a constant attribute (a user input, a weight, a buffer: buffers may be written at
+run time, and folding a weight's own ops would only duplicate it). Random, side-effecting and
+quantize / dequantize ops never fold. The
 pass runs last among the edge transforms, so the quantization annotations QNN's passes put on a
 folded value's node (its `meta`) carry over to the constant; ExecuTorch then lifts the new
 constants into the program's signature (`lift_constant_tensor_pass`).
@@ -28,6 +29,8 @@ import torch
 from torch.fx.passes.infra.pass_base import PassResult
 
 QUANT_ATTRS = "quant_attrs"  # executorch.backends.qualcomm.utils.constants.QCOM_QUANT_ATTRS
+# A quantize / dequantize stays QNN's to read: folded, an 8-bit weight would become a float one.
+_QUANTIZATION_NAMESPACES = frozenset({"quantized_decomposed", "torchao"})
 
 
 def _sixteen_bit(node: torch.fx.Node) -> bool:
@@ -35,14 +38,16 @@ def _sixteen_bit(node: torch.fx.Node) -> bool:
     return isinstance(attrs, dict) and int(attrs.get("quant_max", 0)) > 255
 
 
-def _foldable(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
-    if node.op == "get_attr":
-        return isinstance(getattr(gm, str(node.target), None), torch.Tensor)
+def _foldable(node: torch.fx.Node) -> bool:
     if node.op != "call_function" or node.is_impure():
         return False
-    op = getattr(node.target, "_op", node.target)  # an edge op wraps its ATen overload
-    tags = getattr(op, "tags", ())
-    return torch.Tag.nondeterministic_seeded not in tags
+    op = node.target
+    if not isinstance(op, torch._ops.OpOverload):
+        op = getattr(op, "_op", op)  # an edge op wraps its ATen overload
+    schema = getattr(op, "_schema", None)
+    if schema is not None and schema.name.split("::")[0] in _QUANTIZATION_NAMESPACES:
+        return False
+    return torch.Tag.nondeterministic_seeded not in getattr(op, "tags", ())
 
 
 def constant_nodes(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
@@ -50,7 +55,7 @@ def constant_nodes(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
     that hold a 16-bit quantized value (those stay computed at run time)."""
     constant: set[torch.fx.Node] = set()
     for node in gm.graph.nodes:
-        if _foldable(gm, node) and all(i in constant for i in node.all_input_nodes):
+        if _foldable(node) and all(i in constant for i in node.all_input_nodes):
             constant.add(node)
     # Connected subgraphs of constant nodes (edges between two constant nodes, either way).
     root = {n: n for n in constant}
@@ -68,12 +73,9 @@ def constant_nodes(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
     return [n for n in gm.graph.nodes if n in constant and find(n) not in sixteen_bit]
 
 
-def _evaluate(gm: torch.fx.GraphModule, nodes: list[torch.fx.Node]) -> dict[torch.fx.Node, Any]:
+def _evaluate(nodes: list[torch.fx.Node]) -> dict[torch.fx.Node, Any]:
     values: dict[torch.fx.Node, Any] = {}
     for node in nodes:
-        if node.op == "get_attr":
-            values[node] = getattr(gm, str(node.target))
-            continue
         args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), values.__getitem__)
         values[node] = node.target(*args, **kwargs)  # type: ignore[operator]
     return values
@@ -81,7 +83,7 @@ def _evaluate(gm: torch.fx.GraphModule, nodes: list[torch.fx.Node]) -> dict[torc
 
 def fold_constant_subgraphs(gm: torch.fx.GraphModule) -> PassResult:
     """Replace each value computed from constants alone that a run-time op reads by a constant."""
-    nodes = [n for n in constant_nodes(gm) if n.op == "call_function"]
+    nodes = constant_nodes(gm)
     folded = set(nodes)
     frontier = [n for n in nodes if any(u not in folded for u in n.users)]
     # Only tensors become constants: a folded scalar or list stays in the graph.
@@ -95,7 +97,7 @@ def fold_constant_subgraphs(gm: torch.fx.GraphModule) -> PassResult:
         if node not in needed:
             needed.add(node)
             stack.extend(node.all_input_nodes)
-    values = _evaluate(gm, [n for n in gm.graph.nodes if n in needed])
+    values = _evaluate([n for n in gm.graph.nodes if n in needed])
     for index, node in enumerate(frontier):
         name = f"_folded_constant_{index}"
         while hasattr(gm, name):

@@ -68,3 +68,21 @@ def test_a_subgraph_holding_a_16_bit_value_stays_computed() -> None:
     (const,) = (n for n in folded.graph_module.graph.nodes
                 if str(n.target).startswith("_folded_constant"))
     assert const.meta[QUANT_ATTRS]["quant_max"] == 255  # QNN quantizes the constant with them
+
+
+def test_a_dequantize_stays_for_qnn_to_read() -> None:
+    import torch.ao.quantization.fx._decomposed  # noqa: F401  (registers quantized_decomposed)
+
+    class _Dequantized(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            codes = torch.full((4, 4), 3, dtype=torch.int8)
+            weight = torch.ops.quantized_decomposed.dequantize_per_tensor(
+                codes, 0.01, 0, -127, 127, torch.int8)
+            return x @ weight
+
+    gm = _graph(_Dequantized(), torch.randn(2, 4))
+    folded = fold_constant_subgraphs(gm).graph_module
+    # The int8 codes may become a constant; their dequantize stays, so QNN sees an 8-bit weight.
+    assert any("dequantize_per_tensor" in t for t in _targets(folded))
+    const = [n for n in folded.graph.nodes if str(n.target).startswith("_folded_constant")]
+    assert all(getattr(folded, str(n.target)).dtype == torch.int8 for n in const)
