@@ -71,12 +71,12 @@ def test_a_subgraph_holding_a_16_bit_value_stays_computed() -> None:
 
 
 def test_a_dequantize_stays_for_qnn_to_read() -> None:
-    import torch.ao.quantization.fx._decomposed  # noqa: F401  (registers quantized_decomposed)
+    import torch.ao.quantization.fx._decomposed  # registers the quantized_decomposed ops
 
     class _Dequantized(torch.nn.Module):
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             codes = torch.full((4, 4), 3, dtype=torch.int8)
-            weight = torch.ops.quantized_decomposed.dequantize_per_tensor(
+            weight: torch.Tensor = torch.ops.quantized_decomposed.dequantize_per_tensor(
                 codes, 0.01, 0, -127, 127, torch.int8)
             return x @ weight
 
