@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from stage_process import run_stage
 
-from qnn_common.manifest import load_manifest
+from qnn_common.sealing import load_manifest
 from qnn_prepare.causal_lm.tiny_decoders import byte_tokenizer
 
 ARCHS: dict[str, tuple[str, dict[str, Any]]] = {

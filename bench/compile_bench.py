@@ -28,8 +28,8 @@ import torch
 from stage_process import run_stage
 
 from qnn_common.config import CompileConfig
-from qnn_common.manifest import load_manifest
 from qnn_common.recipes import Backend, Recipe
+from qnn_common.sealing import load_manifest
 from qnn_common.stages import program_files
 from qnn_common.torchio.programs import load_program
 from qnn_compile.backends import lowering_for

@@ -194,7 +194,7 @@ def bench(model_name: str, recipe: Recipe, args: argparse.Namespace) -> dict[str
 
 
 def _timing(result: Any, stage: Stage, key: str) -> float | None:
-    from qnn_common.manifest import load_manifest
+    from qnn_common.sealing import load_manifest
 
     record = next(r for r in result.records if r.stage is stage)
     return load_manifest(record.artifact, verify=False).timings.get(key)

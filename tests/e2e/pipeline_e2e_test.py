@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from qnn_common.config import Stage
-from qnn_common.manifest import load_manifest
 from qnn_common.recipes import Recipe
+from qnn_common.sealing import load_manifest
 from qnn_pipeline.cli import main as pipeline_main
 from qnn_pipeline.context import PipelineContext
 from qnn_pipeline.orchestrator import run_pipeline

@@ -18,8 +18,9 @@ import pytest
 
 from qnn_common.config import InferConfig
 from qnn_common.gates import AccuracyGates, default_accuracy_gates
-from qnn_common.manifest import MANIFEST_NAME, load_manifest, write_manifest
+from qnn_common.manifest import MANIFEST_NAME
 from qnn_common.recipes import Recipe
+from qnn_common.sealing import load_manifest, write_manifest
 from qnn_common.stages import REFERENCE_FP32
 from qnn_common.torchio.samples import load_samples, save_samples
 from qnn_infer.cli import main as infer_main

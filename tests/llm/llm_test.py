@@ -17,7 +17,7 @@ import torch
 from qnn_common.config import PrepareConfig, Stage
 from qnn_common.errors import ConfigValidationError
 from qnn_common.llm import GenerationConfig, feed, method_steps
-from qnn_common.manifest import load_manifest
+from qnn_common.sealing import load_manifest
 from qnn_common.stages import PrepareInput, llm_spec_of
 from qnn_infer.families.causal_lm import load_tokenizer, prompt_ids
 from qnn_infer.generate import PteLm

@@ -23,7 +23,7 @@ import torch
 
 from qnn_common.cli.child_env import python_child_env
 from qnn_common.config import Stage
-from qnn_common.manifest import load_manifest
+from qnn_common.sealing import load_manifest
 from qnn_common.stages import PROGRAM
 from qnn_infer import cli as infer_cli  # imported: the child runs it (and Pants sees it)
 from qnn_pipeline.context import PipelineContext

@@ -15,7 +15,7 @@ import torch
 
 from qnn_common.config import PrepareConfig, Stage
 from qnn_common.llm import GenerationConfig
-from qnn_common.manifest import load_manifest
+from qnn_common.sealing import load_manifest
 from qnn_common.stages import PrepareInput, llm_spec_of
 from qnn_infer.families.causal_lm import load_tokenizer, prompt_ids
 from qnn_pipeline.context import PipelineContext

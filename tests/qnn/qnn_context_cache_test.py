@@ -16,8 +16,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from qnn_common.cli.child_env import python_child_env
 from qnn_common.config import CompileConfig, Stage
-from qnn_common.manifest import load_manifest
 from qnn_common.recipes import Backend, Recipe
+from qnn_common.sealing import load_manifest
 from qnn_common.stages import CONTEXT_CACHE_DIR, PTE, CompileInput
 from qnn_compile import cli as compile_cli  # run as a child, which is killed
 from qnn_compile.api import run_compile

@@ -17,9 +17,9 @@ from transformers import AutoModelForCausalLM
 from qnn_common.config import InferConfig, QuantizeConfig, Stage
 from qnn_common.errors import ConfigValidationError
 from qnn_common.llm import GenerationConfig, method_steps
-from qnn_common.manifest import load_manifest
 from qnn_common.metrics import sqnr_db
 from qnn_common.recipes import Backend, Recipe
+from qnn_common.sealing import load_manifest
 from qnn_common.stages import (
     InferInput,
     QuantizeInput,

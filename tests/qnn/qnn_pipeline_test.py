@@ -15,8 +15,8 @@ import torch
 
 from qnn_common.config import Stage
 from qnn_common.errors import BackendNotAvailableError, ConfigValidationError
-from qnn_common.manifest import load_manifest
 from qnn_common.recipes import Backend, Recipe
+from qnn_common.sealing import load_manifest
 from qnn_common.stages import PROGRAM
 from qnn_common.torchio.programs import load_program
 from qnn_pipeline.cli import main as pipeline_main

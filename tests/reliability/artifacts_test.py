@@ -23,7 +23,8 @@ import pytest
 import torch
 
 from qnn_common.errors import ArtifactError
-from qnn_common.manifest import MANIFEST_NAME, load_manifest, manifest_digest, write_manifest
+from qnn_common.manifest import MANIFEST_NAME
+from qnn_common.sealing import load_manifest, manifest_digest, write_manifest
 from qnn_common.stages import PROGRAM
 from qnn_common.store.artifact_dir import begin_artifact, check_output_dir
 from qnn_common.store.artifact_lock import acquire_artifact_lock, lock_path, release_artifact_lock

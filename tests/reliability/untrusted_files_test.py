@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from qnn_common.errors import ArtifactError, ConfigValidationError
-from qnn_common.manifest import MANIFEST_NAME, load_manifest
+from qnn_common.manifest import MANIFEST_NAME
+from qnn_common.sealing import load_manifest
 from qnn_pipeline.cli import main as pipeline_main
 from support.pipeline_runs import TINY_CNN
 from support.summary import read_summary, stage_statuses

@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 from qnn_common.cli.child_env import python_child_env
-from qnn_common.manifest import load_manifest, manifest_digest
+from qnn_common.sealing import load_manifest, manifest_digest
 
 # tiny-cnn, kept small: every stage runs in seconds.
 TINY_CNN = ("--model", "tiny-cnn", "--calibration-samples", "4", "--runs", "3")
@@ -46,7 +46,7 @@ def leftovers(out: Path) -> list[str]:
 def file_digests(out: Path) -> dict[str, str]:
     """Relative path -> sha256 of every file that is an artifact's content (not manifest.json,
     whose timings and creation time differ between runs, nor summary.json)."""
-    from qnn_common.manifest import sha256_file
+    from qnn_common.store.hashing import sha256_file
 
     return {
         str(p.relative_to(out)): sha256_file(p)

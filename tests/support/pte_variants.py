@@ -7,7 +7,9 @@ import random
 from collections.abc import Iterator
 from pathlib import Path
 
-from qnn_common.manifest import MANIFEST_NAME, load_manifest, sha256_file
+from qnn_common.manifest import MANIFEST_NAME
+from qnn_common.sealing import load_manifest
+from qnn_common.store.hashing import sha256_file
 
 # A .pte's extended header (after the 4-byte root offset and the "ETnn" identifier): magic
 # "eh00", u32 header length, u64 program size, u64 segment base offset, u64 segment size.

@@ -9,8 +9,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from qnn_common.cache_keys import NOT_IN_CACHE_KEY
 from qnn_common.errors import ConfigValidationError
-from qnn_common.manifest import NOT_IN_CACHE_KEY
 
 # Added to attention scores at masked positions. Not finfo(float32).min: that overflows to -inf in
 # fp16 (NaN after softmax on an all-masked row) and, once a backend quantizes the score add,

@@ -14,7 +14,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from qnn_common import cache_keys
 from qnn_common import manifest as manifest_mod
+from qnn_common.cache_keys import cache_key, tool_versions
 from qnn_common.config import CompileConfig, PrepareConfig, Stage
 from qnn_common.errors import ArtifactError
 from qnn_common.manifest import (
@@ -24,19 +26,12 @@ from qnn_common.manifest import (
     FileEntry,
     Manifest,
     ProgramRecord,
-    atomic_path,
-    atomic_save,
-    atomic_write_bytes,
-    atomic_write_text,
-    cache_key,
-    load_manifest,
-    manifest_digest,
-    sha256_file,
     to_jsonable,
-    tool_versions,
-    write_manifest,
 )
 from qnn_common.recipes import Backend, Recipe
+from qnn_common.sealing import load_manifest, manifest_digest, write_manifest
+from qnn_common.store.atomic import atomic_path, atomic_save, atomic_write_bytes, atomic_write_text
+from qnn_common.store.hashing import sha256_file
 
 FILES = {"program.pt2": b"program bytes" * 10, "eval_inputs.pt": b"\x00\x01\x02inputs"}
 
@@ -573,7 +568,7 @@ def test_streaming_tokens_is_not_part_of_the_infer_key_and_the_prompt_is() -> No
 def test_cache_key_changes_with_tool_versions(monkeypatch: pytest.MonkeyPatch) -> None:
     base = cache_key("compile", _CONFIG, _INPUTS, "0.1.0")
     real = tool_versions()
-    monkeypatch.setattr(manifest_mod, "tool_versions", lambda: {**real, "torch": "99.0"})
+    monkeypatch.setattr(cache_keys, "tool_versions", lambda: {**real, "torch": "99.0"})
     assert cache_key("compile", _CONFIG, _INPUTS, "0.1.0") != base
 
 
@@ -617,7 +612,7 @@ def test_tool_versions_keys() -> None:
 def test_tool_versions_extra_and_missing(monkeypatch: pytest.MonkeyPatch) -> None:
     assert tool_versions({"qnn_sdk": "2.40"})["qnn_sdk"] == "2.40"
     monkeypatch.setattr(
-        manifest_mod, "TRACKED_DISTRIBUTIONS", ("surely-not-an-installed-dist-xyz",)
+        cache_keys, "TRACKED_DISTRIBUTIONS", ("surely-not-an-installed-dist-xyz",)
     )
     assert tool_versions()["surely-not-an-installed-dist-xyz"] == "not installed"
 
@@ -651,7 +646,7 @@ def test_code_version_follows_the_source_not_just_the_version(
     import importlib
     import sys
 
-    from qnn_common.manifest import code_version
+    from qnn_common.cache_keys import code_version
 
     pkg = tmp_path / "fakepkg"
     pkg.mkdir()

@@ -18,8 +18,9 @@ import torch
 from qnn_common.config import CompileConfig, InferConfig, PrepareConfig, QuantizeConfig
 from qnn_common.errors import ArtifactError, PipelineError
 from qnn_common.llm import LlmSpec
-from qnn_common.manifest import Manifest, ProgramRecord, atomic_copy
+from qnn_common.manifest import Manifest, ProgramRecord
 from qnn_common.recipes import Recipe
+from qnn_common.store.atomic import atomic_copy
 from qnn_common.target import Target
 from qnn_common.torchio.programs import SavedProgram
 from qnn_common.torchio.samples import load_samples

@@ -12,21 +12,12 @@ import time
 from pathlib import Path
 
 import qnn_compile
+from qnn_common.cache_keys import cache_key, code_version
 from qnn_common.config import CompileConfig, Stage
 from qnn_common.errors import ConfigValidationError
-from qnn_common.manifest import (
-    Manifest,
-    ProgramRecord,
-    atomic_write_bytes,
-    begin_artifact,
-    cache_key,
-    code_version,
-    load_manifest,
-    manifest_digest,
-    seal_stage,
-    sha256_file,
-)
+from qnn_common.manifest import Manifest, ProgramRecord
 from qnn_common.recipes import Backend
+from qnn_common.sealing import load_manifest, manifest_digest, seal_stage
 from qnn_common.stages import (
     DEFAULT_METHOD,
     ETRECORD,
@@ -39,6 +30,9 @@ from qnn_common.stages import (
     quantized_for,
 )
 from qnn_common.store import own_programs
+from qnn_common.store.artifact_dir import begin_artifact
+from qnn_common.store.atomic import atomic_write_bytes
+from qnn_common.store.hashing import sha256_file
 from qnn_common.torchio.programs import load_program, share_equal_weights
 from qnn_compile.backends import lowering_for
 from qnn_compile.context_cache import one_context_per_method

@@ -8,7 +8,8 @@ import pytest
 
 from qnn_common.config import CompileConfig, Stage
 from qnn_common.errors import ArtifactError
-from qnn_common.manifest import ProgramRecord, write_manifest
+from qnn_common.manifest import ProgramRecord
+from qnn_common.sealing import write_manifest
 from qnn_common.stages import PROGRAM, CompileInput
 from qnn_common.store.hashing import clear_digest_memo, hashed_count
 from qnn_compile.api import compile_cache_key

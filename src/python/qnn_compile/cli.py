@@ -95,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _default_recipe(source: Path, backend: Backend) -> Recipe:
     manifest = source / MANIFEST_NAME
     if source.is_dir() and manifest.is_file():
-        from qnn_common.manifest import load_manifest
+        from qnn_common.sealing import load_manifest
 
         upstream = load_manifest(source, verify=False)
         if upstream.stage == Stage.QUANTIZE:

@@ -13,8 +13,6 @@ import contextlib
 import dataclasses
 import importlib
 import logging
-import operator
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,37 +23,23 @@ import torch.fx
 
 from qnn_common.config import Stage
 from qnn_common.errors import StageError
-from qnn_common.manifest import atomic_path
 from qnn_common.recipes import Backend
+from qnn_common.store.atomic import atomic_path
 from qnn_common.torchio.program_state import buffers
 from qnn_compile.backends import BackendLowering
 from qnn_compile.cia_ops import materializing_once
 from qnn_compile.context_cache import ContextRecord
 from qnn_compile.decompositions import check_kernels, check_ranks, decompose
+from qnn_compile.lowering_errors import stage_error
 from qnn_compile.native_log import NativeLog
 from qnn_compile.node_sources import sharing_node_sources
+from qnn_compile.op_counts import count_ops
 from qnn_compile.partition_legalize import legalizing_in_place
 from qnn_compile.partition_merge import merging_in_linear_checks
 from qnn_compile.partition_recompile import recompiling_once
 
 _STAGE = Stage.COMPILE
 log = logging.getLogger(__name__)
-
-# Top-level nodes that are plumbing around a delegate, not operators run outside it.
-_DELEGATE_CALL = "executorch_call_delegate"
-
-# How upstream errors spell operators, most specific first; each yields (namespace, name,
-# overload or None): `torch._ops.aten.lgamma.default` / `torch.ops.aten.foo.out`, then
-# `mylib::op` / `aten::mean.dim`, then a bare dotted name in a namespace ops live in.
-_OP_PATTERNS = (
-    re.compile(r"\btorch\._?ops\.(\w+)\.(\w+)(?:\.(\w+))?"),
-    re.compile(r"\b(\w+)::(\w+)(?:\.(\w+))?"),
-    re.compile(
-        r"\b(aten|prims|quantized_decomposed|dim_order_ops|executorch_prim|torchao)"
-        r"\.(\w+)(?:\.(\w+))?"
-    ),
-)
-
 
 @dataclass(frozen=True)
 class LoweredProgram:
@@ -211,7 +195,7 @@ def _lower(
                 generate_etrecord=want_etrecord,
             )
     except Exception as exc:  # exir raises many unrelated types; each becomes one StageError
-        raise _stage_error(f"lowering for {backend.value} failed", exc, native) from exc
+        raise stage_error(f"lowering for {backend.value} failed", exc, native) from exc
 
     # After edge conversion: exported programs keep in-place buffer writes, which functionalize
     # into buffer mutations only here.
@@ -222,7 +206,7 @@ def _lower(
     outside: collections.Counter[str] = collections.Counter()
     payloads: dict[str, list[int]] = {}
     for method in programs:
-        d, payloads[method], o = _count_ops(edge.exported_program(method).graph_module)
+        d, payloads[method], o = count_ops(edge.exported_program(method).graph_module)
         delegated, partitions = delegated + d, partitions + len(payloads[method])
         outside.update(o)
     unexpected = {k: v for k, v in outside.items() if k not in lowering.outside_by_design}
@@ -243,7 +227,7 @@ def _lower(
             et_program = edge.to_executorch(executorch_config)
             pte = bytes(et_program.buffer)
     except Exception as exc:  # as above: named, chained, with the failing op if known
-        raise _stage_error(f"serializing the {backend.value} program failed", exc, native) from exc
+        raise stage_error(f"serializing the {backend.value} program failed", exc, native) from exc
     # Every operator left to the CPU must have a kernel: fail here, naming it, not when run.
     check_kernels(et_program.executorch_program)
 
@@ -340,88 +324,3 @@ def _sharing_config(
         memory_planning_pass=MemoryPlanningPass(share_mutable_buffers=True),
         emit_mutable_buffer_names=True,
     )
-
-
-def _count_ops(gm: torch.fx.GraphModule) -> tuple[int, list[int], collections.Counter[str]]:
-    """(operator nodes inside delegates, each delegate call's payload bytes in call order,
-    Counter of ops left outside by name)."""
-    delegated = 0
-    payloads: list[int] = []
-    outside: collections.Counter[str] = collections.Counter()
-    for node in gm.graph.nodes:
-        if node.op != "call_function":
-            continue
-        if _is_delegate_call(node):
-            lowered = getattr(gm, node.args[0].target)
-            payloads.append(len(lowered.processed_bytes))
-            delegated += _count_delegated(lowered)
-        elif not _is_plumbing(node):
-            outside[op_name(node.target)] += 1
-    return delegated, payloads, outside
-
-
-def _count_delegated(lowered: Any) -> int:
-    """Operator nodes in one LoweredBackendModule's original graph, nested delegates included."""
-    inner: torch.fx.GraphModule = lowered.original_module.graph_module
-    count = 0
-    for node in inner.graph.nodes:
-        if node.op != "call_function":
-            continue
-        if _is_delegate_call(node):
-            count += _count_delegated(getattr(inner, node.args[0].target))
-        elif not _is_plumbing(node):
-            count += 1
-    return count
-
-
-def _is_delegate_call(node: torch.fx.Node) -> bool:
-    return getattr(node.target, "__name__", None) == _DELEGATE_CALL
-
-
-def _is_plumbing(node: torch.fx.Node) -> bool:
-    # getitem unpacks a multi-output node; it is Python indexing, not a kernel.
-    return node.target is operator.getitem
-
-
-def op_name(target: object) -> str:
-    """A stable, short name for an FX call target: ``aten.mean.dim``, ``mylib.op.default``.
-
-    Edge ops wrap an ATen OpOverload; the name is built from it so that counts here match the
-    op names devtools' Inspector prints.
-    """
-    # Edge ops keep their ATen overload in `_op`; a plain OpOverload's `_op` is its C++ callable.
-    overload = target if isinstance(target, torch._ops.OpOverload) else getattr(target, "_op", None)
-    if isinstance(overload, torch._ops.OpOverload):
-        schema_name = overload._schema.name  # e.g. "aten::mean"
-        namespace, _, base = schema_name.partition("::")
-        return f"{namespace}.{base}.{overload._overloadname}"
-    name = getattr(target, "__name__", None)
-    return name if isinstance(name, str) else str(target)
-
-
-def _stage_error(what: str, exc: BaseException, native: NativeLog | None = None) -> StageError:
-    failing = _find_op_name(exc) or (native.last_visited() if native else None)
-    where = f" at operator {failing}" if failing else ""
-    detail = str(exc).strip().splitlines()
-    first = detail[0] if detail else type(exc).__name__
-    said = native.errors() if native else []
-    backend_said = ("; the backend said: " + " | ".join(said[-5:])) if said else ""
-    return StageError(_STAGE, f"{what}{where}: {type(exc).__name__}: {first}{backend_said}", exc)
-
-
-def _find_op_name(exc: BaseException) -> str | None:
-    """The first operator name in the exception chain's messages, if any."""
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        node = getattr(current, "node", None)  # some fx errors carry the node they failed on
-        if isinstance(node, torch.fx.Node) and node.op == "call_function":
-            return op_name(node.target)
-        text = str(current)
-        for pattern in _OP_PATTERNS:
-            match = pattern.search(text)
-            if match:
-                return ".".join(part for part in match.groups() if part)
-        current = current.__cause__ or current.__context__
-    return None

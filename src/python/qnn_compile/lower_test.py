@@ -17,7 +17,8 @@ from qnn_common.config import CompileConfig
 from qnn_common.errors import StageError
 from qnn_common.recipes import Backend, Recipe
 from qnn_compile.backends import lowering_for
-from qnn_compile.lower import LoweredProgram, lower_program, op_name
+from qnn_compile.lower import LoweredProgram, lower_program
+from qnn_compile.op_counts import op_name
 
 
 def _lower(

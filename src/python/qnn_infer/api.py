@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import qnn_infer
+from qnn_common.cache_keys import cache_key, code_version
 from qnn_common.config import Stage
-from qnn_common.manifest import cache_key, code_version, load_manifest
+from qnn_common.sealing import load_manifest
 from qnn_common.stages import PTE, InferInput, InferOutput
 from qnn_infer.families import family_for
 from qnn_infer.sealing import input_digests

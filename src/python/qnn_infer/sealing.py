@@ -9,8 +9,10 @@ from typing import Any
 
 import qnn_infer
 from qnn_common.config import Stage
-from qnn_common.manifest import Manifest, ProgramRecord, manifest_digest, seal_stage, sha256_file
+from qnn_common.manifest import Manifest, ProgramRecord
+from qnn_common.sealing import manifest_digest, seal_stage
 from qnn_common.stages import InferInput
+from qnn_common.store.hashing import sha256_file
 
 PACKAGE = "qnn-infer"
 

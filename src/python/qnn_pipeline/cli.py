@@ -18,8 +18,9 @@ from qnn_common.cli.support import (
     setup_logging,
 )
 from qnn_common.config import Stage
-from qnn_common.manifest import MANIFEST_NAME, load_manifest
+from qnn_common.manifest import MANIFEST_NAME
 from qnn_common.recipes import Backend, EmbeddingWeights, GroupMapping, Recipe
+from qnn_common.sealing import load_manifest
 from qnn_common.soc import soc_names
 from qnn_compile.cli import (
     add_htp_performance_mode_arg,

@@ -18,9 +18,10 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from qnn_common.config import QuantizeConfig, Stage
 from qnn_common.errors import ArtifactError, ConfigValidationError, PipelineError, StageError
-from qnn_common.manifest import MANIFEST_NAME, Manifest, load_manifest
+from qnn_common.manifest import MANIFEST_NAME, Manifest
 from qnn_common.qnn_sdk import check_compatible, find_qnn_sdk
 from qnn_common.recipes import Backend
+from qnn_common.sealing import load_manifest
 from qnn_common.stages import (
     CONTEXT_CACHE_DIR,
     CompileInput,

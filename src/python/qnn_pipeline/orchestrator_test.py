@@ -10,10 +10,12 @@ from typing import Any
 
 import pytest
 
+from qnn_common.cache_keys import cache_key
 from qnn_common.config import Stage
 from qnn_common.errors import ArtifactError, ConfigValidationError, PipelineError
-from qnn_common.manifest import Manifest, cache_key, write_manifest
+from qnn_common.manifest import Manifest
 from qnn_common.recipes import Backend, Recipe
+from qnn_common.sealing import write_manifest
 from qnn_pipeline import orchestrator
 from qnn_pipeline import summary as summary_module
 from qnn_pipeline.cli import main

@@ -17,9 +17,9 @@ from typing import Any, Literal
 
 from qnn_common.config import Stage
 from qnn_common.errors import ArtifactError
-from qnn_common.manifest import Manifest, atomic_write_text
+from qnn_common.manifest import Manifest
 from qnn_common.reports import Comparison, CompileReport, InferReport, QuantizeReport
-from qnn_common.store.atomic import remove_orphaned_temps
+from qnn_common.store.atomic import atomic_write_text, remove_orphaned_temps
 from qnn_pipeline.context import PipelineContext
 
 SUMMARY_NAME = "summary.json"

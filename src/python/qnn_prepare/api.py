@@ -12,17 +12,10 @@ from typing import Any
 import torch
 
 import qnn_prepare
+from qnn_common.cache_keys import cache_key, code_version
 from qnn_common.config import PrepareConfig, Stage
-from qnn_common.manifest import (
-    Manifest,
-    ProgramRecord,
-    atomic_write_bytes,
-    begin_artifact,
-    cache_key,
-    code_version,
-    seal_stage,
-    sha256_file,
-)
+from qnn_common.manifest import Manifest, ProgramRecord
+from qnn_common.sealing import seal_stage
 from qnn_common.stages import (
     CALIBRATION,
     EVAL_INPUTS,
@@ -31,6 +24,9 @@ from qnn_common.stages import (
     PrepareOutput,
     method_program,
 )
+from qnn_common.store.artifact_dir import begin_artifact
+from qnn_common.store.atomic import atomic_write_bytes
+from qnn_common.store.hashing import sha256_file
 from qnn_common.torchio.programs import handed_on, save_program
 from qnn_common.torchio.samples import save_samples
 from qnn_prepare.causal_lm.smollm2 import SMOLLM2, weights_digest

@@ -27,7 +27,7 @@ import sys
 import sysconfig
 from pathlib import Path
 
-from qnn_common.manifest import sha256_file
+from qnn_common.store.hashing import sha256_file
 
 # Enough for any real model package; a bound so a pathological import graph cannot stall a key.
 _MAX_FILES = 500

@@ -6,15 +6,9 @@ import logging
 from typing import Any
 
 import qnn_quant
+from qnn_common.cache_keys import cache_key, code_version
 from qnn_common.config import QuantizeConfig, Stage
-from qnn_common.manifest import (
-    begin_artifact,
-    cache_key,
-    code_version,
-    load_manifest,
-    manifest_digest,
-    seal_stage,
-)
+from qnn_common.sealing import load_manifest, manifest_digest, seal_stage
 from qnn_common.stages import (
     REFERENCE_FAKE_QUANT,
     QuantizeInput,
@@ -22,6 +16,7 @@ from qnn_common.stages import (
     carry_forward,
     program_files,
 )
+from qnn_common.store.artifact_dir import begin_artifact
 from qnn_common.torchio.programs import handed_on, load_program, save_program, share_equal_weights
 from qnn_common.torchio.samples import save_samples
 from qnn_quant.families import family_for

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from qnn_common.errors import BackendNotAvailableError
-from qnn_common.manifest import atomic_write_text
 from qnn_common.qnn_sdk.layout import HTP_LIB, SYSTEM_LIB, dev_sdk_cache_dir
+from qnn_common.store.atomic import atomic_write_text
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from qnn_common.manifest import load_manifest, write_manifest
+from qnn_common.sealing import load_manifest, write_manifest
 from qnn_common.store import hashing
 from qnn_common.store.hashing import RACY_NS, clear_digest_memo, hashed_count, sha256_file
 

@@ -21,8 +21,9 @@ from qnn_common.cli.noise import native_noise_filtered
 from qnn_common.config import InferConfig
 from qnn_common.errors import ArtifactError, ConfigValidationError
 from qnn_common.llm import GenerationConfig, LlmSpec, feed, teacher_forced_logits
-from qnn_common.manifest import Manifest, begin_artifact, load_manifest
+from qnn_common.manifest import Manifest
 from qnn_common.metrics import logits_accuracy, perplexity
+from qnn_common.sealing import load_manifest
 from qnn_common.stages import (
     EVAL_INPUTS,
     PTE,
@@ -35,6 +36,7 @@ from qnn_common.stages import (
     llm_spec_of,
     rope_of,
 )
+from qnn_common.store.artifact_dir import begin_artifact
 from qnn_common.torchio.hf_untrusted import HF_LOAD, refuse_custom_code
 from qnn_common.torchio.samples import load_samples
 from qnn_infer.gate_check import judge_accuracy

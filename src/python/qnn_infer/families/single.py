@@ -14,7 +14,7 @@ import torch
 
 from qnn_common.config import InferConfig
 from qnn_common.errors import ConfigValidationError
-from qnn_common.manifest import Manifest, begin_artifact
+from qnn_common.manifest import Manifest
 from qnn_common.metrics import compare_samples
 from qnn_common.recipes import Recipe
 from qnn_common.stages import (
@@ -27,6 +27,7 @@ from qnn_common.stages import (
     InferOutput,
     compiled_for,
 )
+from qnn_common.store.artifact_dir import begin_artifact
 from qnn_common.torchio.samples import load_inputs, load_samples, save_samples
 from qnn_infer.device import device_runner
 from qnn_infer.gate_check import judge_accuracy
