@@ -132,8 +132,8 @@ def check_dynamic_layers(
         raise ConfigValidationError(
             field, list(patterns),
             "the qnn backend fixes every activation scale when the HTP context is built and has "
-            "no run-time (dynamic) quantization; leave dynamic_layers empty, and keep outlier "
-            "layers float (keep_float) or use 16-bit activations (16a8w)",
+            "no run-time (dynamic) quantization; leave dynamic_layers empty, and for layers "
+            "with outliers use 16-bit activations (16a8w)",
         )
 
 

@@ -50,8 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="per-tensor weights instead of per-channel")
     p.add_argument("--keep-float", action="append", metavar="REGEX",
                    help="leave layers whose module path matches in float (repeatable); default at "
-                   "8-bit activations: BERT FFN down-projections on qnn, the residual stream's "
-                   "adds on xnnpack / portable (qnn_quant.layers.default_keep_float)")
+                   "8-bit activations on xnnpack / portable: BERT FFN down-projections and the "
+                   "residual stream's adds; none on qnn, whose HTP runs the program whole "
+                   "(qnn_quant.layers.default_keep_float)")
     p.add_argument("--quantize-all", action="store_true",
                    help="quantize every layer the quantizer can (no float layers)")
     p.add_argument("--dynamic", action="append", metavar="REGEX", dest="dynamic_layers",

@@ -23,10 +23,12 @@ layers (`ENCODER_LINEARS`) quantize dynamically by default, the residual stream 
 the down projections need no float island: on all-MiniLM-L6-v2 that is both closer to fp32
 and faster than the static default with the down projections in float (docs/benchmarks.md, "MiniLM
 8a8w ... dynamic encoder linears"). The HTP fixes every scale when its context is built, so
-QNN has no dynamic layers (`qnn_common.recipes.check_dynamic_layers`): there the down projections
-stay float at 8-bit activations (a float layer runs outside the HTP, a partition break; QNN's
-quantizer always annotated the adds), and 16-bit activations have the range to spare, so those
-recipes quantize everything.
+QNN has no dynamic layers (`qnn_common.recipes.check_dynamic_layers`), and no float islands
+either: every layer is quantized at every recipe. A float down projection between 8-bit tensors
+cannot be lowered (QNN's partitioner keeps `aten.linear` whole, then its HTP validation refuses a
+float FullyConnected with fixed-point inputs, so the op is neither delegated nor decomposed), and
+the HTP program must run whole. On a BERT at 8a8w the outliers then cost accuracy (the accuracy
+gates report it); 16-bit activations have the range to spare: pick 16a8w there.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from dataclasses import dataclass
 import torch
 
 from qnn_common.config import regex_list
+from qnn_common.errors import ConfigValidationError
 from qnn_common.recipes import BACKENDS, Backend, Recipe, check_dynamic_layers
 from qnn_common.target import Target
 
@@ -61,10 +64,8 @@ _DYNAMIC_OPS = (torch.ops.aten.linear.default,)
 
 def default_keep_float(target: Target, recipe: Recipe) -> tuple[str, ...]:
     """The layers left in float when the caller names none (the module docstring says why)."""
-    if recipe.activation_bits != 8:
+    if recipe.activation_bits != 8 or target.backend is Backend.QNN:
         return ()
-    if target.backend is Backend.QNN:
-        return OUTLIER_LAYERS
     return OUTLIER_LAYERS + RESIDUAL_STREAM
 
 
@@ -115,7 +116,33 @@ def plan_layers(
         floats -= dynamic
     else:
         dynamic -= floats
+        _check_float_linears_lower(gm, target, floats, keep_float)
     return LayerPlan(frozenset(floats), frozenset(dynamic))
+
+
+def _check_float_linears_lower(
+    gm: torch.fx.GraphModule, target: Target, floats: set[str], patterns: Sequence[str]
+) -> None:
+    """Refuse, before any work, a float linear layer in a quantized QNN program.
+
+    QNN's partitioner keeps `aten.linear` whole for its FullyConnected, then the HTP refuses a
+    float one between fixed-point tensors: the op is neither delegated nor decomposed and the
+    compile fails. Other float ops only run on the CPU, outside the HTP graph (compile warns).
+    """
+    if target.backend is not Backend.QNN:
+        return
+    linears = [
+        module_path(n) or n.name for n in gm.graph.nodes
+        if n.name in floats and n.target in _DYNAMIC_OPS
+    ]
+    if linears:
+        raise ConfigValidationError(
+            "quantize.keep_float", list(patterns),
+            f"it leaves linear layer(s) {', '.join(sorted(linears)[:4])} in float, which the qnn "
+            "backend cannot lower inside a quantized program (the HTP has no float "
+            "FullyConnected between fixed-point tensors); quantize them (narrow the pattern) "
+            "and, for range, use 16-bit activations (16a8w)",
+        )
 
 
 def compile_patterns(patterns: Sequence[str], field: str) -> list[re.Pattern[str]]:

@@ -72,6 +72,7 @@ def test_defaults_make_encoder_linears_dynamic_on_xnnpack_only(
     assert plan.dynamic_nodes.isdisjoint(plan.float_nodes)
     qnn = plan_layers(gm, QNN, Recipe.A8W8)
     assert qnn.dynamic_nodes == frozenset()
+    assert qnn.float_nodes == frozenset()  # the HTP runs the program whole
     assert plan_layers(gm, QNN, Recipe.A16W8) == plan_layers(gm, XNNPACK, Recipe.A16W8)
 
 
@@ -81,6 +82,17 @@ def test_explicit_keep_float_wins_over_dynamic(exported: torch.export.ExportedPr
     assert _linears(gm, plan.dynamic_nodes) == 2
     assert _linears(gm, plan.float_nodes) == 2
     assert plan_layers(gm, XNNPACK, Recipe.A8W8, dynamic_layers=()).dynamic_nodes == frozenset()
+
+
+def test_a_float_linear_is_refused_on_qnn_before_any_work(
+    exported: torch.export.ExportedProgram,
+) -> None:
+    gm = float_graph(exported)
+    with pytest.raises(ConfigValidationError, match=r"encoder\.layer\.0\.down.*16a8w"):
+        plan_layers(gm, QNN, Recipe.A8W8, keep_float=[r"\.down$"])
+    # A float op that is not a linear runs on the CPU beside the HTP graph: allowed.
+    kept = plan_layers(gm, QNN, Recipe.A8W8, keep_float=[r"encoder\.layer\.\d+$"])
+    assert kept.float_nodes and _linears(gm, kept.float_nodes) == 0
 
 
 def test_dynamic_layers_are_refused_on_qnn_with_the_reason(
