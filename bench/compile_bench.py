@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 from stage_process import run_stage
+from tables import render
 
 from qnn_common.config import CompileConfig
 from qnn_common.recipes import Backend, Recipe
@@ -112,6 +113,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         rows = [bench(layers, args, Path(tmp)) for layers in sorted(args.layers)]
     result = {
+        "bench": "compile",
         "model": "SmolLM2-135M architecture, seeded random weights", "recipe": args.recipe,
         "custom_ops": args.custom_ops,
         "machine": f"{platform.machine()}, {os.cpu_count()} cores",
@@ -121,22 +123,7 @@ def main() -> None:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
     print(f"{result['model']}, {args.recipe} XNNPACK, prefill + decode over a "
           f"{args.max_seq_len}-token cache; {result['machine']}, {result['date']}")
-    print("| layers | lower s | s / layer | marginal s / layer | stock lower s | partitions "
-          "| stage s (prep/quant/comp) | peak RSS MB (prep/quant/comp) |")
-    print("|---|---|---|---|---|---|---|---|")
-    previous: dict[str, Any] | None = None
-    for r in rows:
-        marginal = "-"
-        if previous is not None:
-            slope = (r["lower_s"] - previous["lower_s"]) / (r["layers"] - previous["layers"])
-            marginal = f"{slope:.1f}"
-        stages = "/".join(str(r["seconds"][s]) for s in ("prepare", "quantize", "compile"))
-        rss = "/".join(str(r["peak_rss_mb"][s]) for s in ("prepare", "quantize", "compile"))
-        print(f"| {r['layers']} | {r['lower_s']} | {r['lower_s'] / r['layers']:.1f} | "
-              f"{marginal} | {r.get('stock_lower_s', '-')} | {r['partitions']} | {stages} "
-              f"| {rss} |")
-        previous = r
-
+    print(render(result))
 
 if __name__ == "__main__":
     main()

@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 from stage_process import run_stage
+from tables import render
 
 from qnn_common.config import CompileConfig, PrepareConfig
 from qnn_common.recipes import BACKENDS, Backend, Recipe
@@ -144,10 +145,6 @@ def _llama_cpp(python: str, model_dir: Path, args: argparse.Namespace) -> dict[s
     return result
 
 
-def _bytes(n: int | None) -> str:
-    return "-" if n is None else f"{n:,}"
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="tiny-llama")
@@ -194,6 +191,7 @@ def main() -> None:
             args.llama_cpp_python, model_dir, args)
         rows = [_run(args.model, r, work, args) for r in args.recipes]
     result = {
+        "bench": "llm",
         "model": args.model, "machine": f"{platform.machine()}, {os.cpu_count()} cores",
         "date": time.strftime("%Y-%m-%d"), "torch": torch.__version__,
         "backend": args.backend, "soc": args.soc if args.backend == "qnn" else None,
@@ -208,28 +206,7 @@ def main() -> None:
     if peer is not None:
         print(f"llama.cpp on the GGUF: decode {peer['decode_tokens_per_s']:.0f} tok/s, prefill "
               f"{peer['prefill_tokens_per_s']:.0f} tok/s, TTFT {peer['ttft_ms']:.1f} ms")
-    qnn = args.backend == "qnn"
-    order = ("prepare", "quantize", "compile", "infer") + (("compile_shared",) if qnn else ())
-    print("| recipe | decode tok/s | vs eager | vs llama.cpp | prefill tok/s | TTFT ms "
-          "| argmax vs eager | perplexity (eager fp32) | .pte bytes "
-          + ("(weight-shared, device) " if qnn else "(2 separate) ")
-          + f"| stage s ({'/'.join(order)}) | peak RSS MB |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
-    for r in rows:
-        g = r["generation"]
-        stages = "/".join(str(r["seconds"].get(s, "-")) for s in order)
-        rss = "/".join(str(r["peak_rss_mb"].get(s, "-")) for s in order)
-        print(f"| {r['recipe']} | {g['decode_tokens_per_s']:.0f} | "
-              f"{g['decode_tokens_per_s'] / eager:.1f}x | "
-              + (f"{g['decode_tokens_per_s'] / peer['decode_tokens_per_s']:.2f}x | "
-                 if peer else "- | ")
-              + f"{g['prefill_tokens_per_s']:.0f} | "
-              f"{g['ttft_ms']:.1f} | {r['argmax_agreement_vs_eager']:.3f} | "
-              f"{r['perplexity']['program']:.3f} ({r['perplexity']['fp32']:.3f}) | "
-              f"{r['pte_bytes']:,} "
-              f"({_bytes(r['shared_pte_bytes'] if qnn else r['separate_pte_bytes'])}) | "
-              f"{stages} | {rss} |")
-
+    print(render(result))
 
 if __name__ == "__main__":
     main()

@@ -1,15 +1,18 @@
 """Benchmark: our pipeline vs. the same plain ExecuTorch calls, and the .pte vs. eager PyTorch.
 
 Run: `./pants run bench/pipeline_bench.py -- --models tiny-cnn minilm --json bench.json`
+(`--backend qnn --soc SM8650`: the HTP on the x86 emulator, against upstream's own QNN calls).
 
-For each model and recipe (XNNPACK; 8a8w and fp32 by default), in one process (the machines are
-noisy, so only ratios measured side by side are reported):
+For each model and recipe (XNNPACK: 8a8w and fp32 by default; QNN: fp16, 8a8w and 16a8w), in
+one process (the machines are noisy, so only ratios measured side by side are reported):
 - the pipeline's per-stage seconds (fresh output directory, so every stage runs);
-- the plain script: the same export -> PT2E quantize -> lower -> to_executorch -> execute calls
-  with nothing around them (no manifests, hashing, references, reports), lowering as stock torch
-  does it (`share_provenance=False`: every pass deep-copies every node's provenance, which the
-  compile stage skips, see qnn_compile.node_sources; `materialize_cia_once=False`: torch walks its
-  CIA ops once per op namespace per decomposition, see qnn_compile.cia_ops);
+- the plain script (QNN: qnn_plain_calls.py, upstream's QNN calls with their defaults; both
+  programs' first output on the example input is scored against eager fp32): the same export ->
+  PT2E quantize -> lower -> to_executorch -> execute calls with nothing around them (no
+  manifests, hashing, references, reports), lowering as stock torch does it
+  (`share_provenance=False`: every pass deep-copies every node's provenance, which the compile
+  stage skips, see qnn_compile.node_sources; `materialize_cia_once=False`: torch walks its CIA
+  ops once per op namespace per decomposition, see qnn_compile.cia_ops);
 - the .pte's latency p50 / p90 vs. eager fp32 PyTorch on the same input, threads and run count;
 - with `--rss` (default: minilm), each stage again as its own CLI process, for its peak RSS
   (`stage_process.run_stage`).
@@ -35,11 +38,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from qnn_plain_calls import plain_qnn
 from stage_process import run_stage
+from tables import STAGES, render
 
 from qnn_common.cli.support import add_logging_args, setup_logging
 from qnn_common.config import CompileConfig, Stage
+from qnn_common.metrics import sqnr_db
 from qnn_common.recipes import Backend, Recipe
+from qnn_common.soc import lookup_soc
 from qnn_common.target import Target
 from qnn_compile.backends import lowering_for
 from qnn_compile.lower import lower_program
@@ -52,15 +59,30 @@ from qnn_prepare.calibration import make_calibration
 from qnn_prepare.models import load_model
 from qnn_quant.pt2e import quantize_program
 
-STAGES = ("prepare", "quantize", "compile", "infer")
 
-
-def _plain(model_name: str, recipe: Recipe, seq_len: int, samples: int, runs: int,
-           workdir: Path) -> dict[str, Any]:
-    """The bare calls, timed the same way; quantize_program wraps prepare/convert_pt2e only."""
+def _plain(model_name: str, recipe: Recipe, args: argparse.Namespace, workdir: Path,
+           samples: int | None = None, runs: int | None = None) -> dict[str, Any]:
+    """The bare calls, timed the same way: on XNNPACK our own quantize_program (which wraps
+    prepare/convert_pt2e only) and lower_program with the stock settings; on QNN upstream's own
+    QNN calls (qnn_plain_calls)."""
+    samples = args.calibration_samples if samples is None else samples
+    runs = args.runs if runs is None else runs
     steps: dict[str, float] = {}
     t0 = t = time.perf_counter()
-    model = load_model(model_name, seq_len=seq_len)
+    model = load_model(model_name, seq_len=args.seq_len)
+    if args.backend is Backend.QNN:
+        # Making the samples is part of the quantize step on both sides (ours: in prepare).
+        t_data = time.perf_counter()
+        calibration = (make_calibration(model, num_samples=samples, source=None, seed=1126)
+                       if recipe.is_quantized else [])
+        data_s = time.perf_counter() - t_data
+        result = plain_qnn(model.module, tuple(model.example_inputs), calibration, recipe,
+                           lookup_soc(args.soc), runs, workdir)
+        result["steps_s"]["export"] += t_data - t0
+        if recipe.is_quantized:
+            result["steps_s"]["quantize"] += data_s
+        result["total_s"] = sum(result["steps_s"].values())
+        return {**result, "model": model}
     program = torch.export.export(model.module, model.example_inputs, strict=False)
     steps["export"], t = time.perf_counter() - t, time.perf_counter()
     if recipe.is_quantized:
@@ -76,13 +98,23 @@ def _plain(model_name: str, recipe: Recipe, seq_len: int, samples: int, runs: in
     pte.write_bytes(lowered.pte)
     steps["lower"], t = time.perf_counter() - t, time.perf_counter()
     runner = HostRunner(pte)
-    runner.run(tuple(model.example_inputs))
+    outputs = runner.run(tuple(model.example_inputs))
     # The pipeline's infer stage times `runs` executions too; so does the plain script.
     latency = measure_latency(runner, tuple(model.example_inputs), warmup=3, runs=runs)
     steps["execute"] = time.perf_counter() - t
     total = time.perf_counter() - t0
     return {"total_s": total, "steps_s": steps, "lower_s": lower_s, "latency": latency,
-            "model": model}
+            "outputs": outputs, "model": model}
+
+
+def _sqnr_vs_eager(model: Any, outputs: tuple[torch.Tensor, ...]) -> float:
+    """The plain program's first output against eager fp32 on the example input, in dB."""
+    with torch.no_grad():
+        eager = model.module(*model.example_inputs)
+    first = eager if isinstance(eager, torch.Tensor) else next(
+        v for v in (eager.values() if isinstance(eager, dict) else eager)
+        if isinstance(v, torch.Tensor))
+    return round(sqnr_db(first.float().numpy(), outputs[0].float().numpy()), 1)
 
 
 def _eager_ms(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], runs: int
@@ -108,12 +140,15 @@ def _stage_rss(model: str, recipe: Recipe, args: argparse.Namespace, work: Path
                           "--calibration-samples", str(args.calibration_samples),
                           "-o", str(prep), "-q"])]
     source = prep
+    target = ["--backend", args.backend.value]
+    if args.backend is Backend.QNN:
+        target += ["--soc", args.soc]
     if recipe.is_quantized:
         steps.append(("quantize", ["qnn_quant.cli", str(prep), "--recipe", recipe.value,
-                                   "-o", str(quant), "-q"]))
+                                   *target, "-o", str(quant), "-q"]))
         source = quant
     steps.append(("compile", ["qnn_compile.cli", str(source), "--recipe", recipe.value,
-                              "-o", str(comp), "-q"]))
+                              *target, "-o", str(comp), "-q"]))
     steps.append(("infer", ["qnn_infer.cli", str(comp), "--runs", str(args.runs),
                             "--no-accuracy-gates", "-o", str(inf), "-q"]))
     return {name: round(run_stage(argv, work)[1]) for name, argv in steps}
@@ -124,6 +159,7 @@ def bench(model_name: str, recipe: Recipe, args: argparse.Namespace) -> dict[str
     with tempfile.TemporaryDirectory() as tmp:
         ctx = PipelineContext.create(
             model_name, out_dir=Path(tmp) / "out", force=True, recipe=recipe,
+            backend=args.backend, soc=args.soc if args.backend is Backend.QNN else None,
             prepare={"seq_len": args.seq_len, "calibration_samples": args.calibration_samples},
             # A benchmark reports the accuracy it measured; it does not stop at a gate.
             infer={"runs": args.runs, "threads": args.threads, "accuracy_gates": False},
@@ -133,8 +169,7 @@ def bench(model_name: str, recipe: Recipe, args: argparse.Namespace) -> dict[str
         # first round would still be the only cold one, so an untimed round of the plain calls
         # warms those caches for both.
         if args.warmup_round:
-            _plain(model_name, recipe, args.seq_len, args.calibration_samples, args.runs,
-                   Path(tmp))
+            _plain(model_name, recipe, args, Path(tmp))
         ours_s: list[float] = []
         plain_s: list[float] = []
         # Each run's seconds outside lowering, for the overhead column.
@@ -149,11 +184,17 @@ def bench(model_name: str, recipe: Recipe, args: argparse.Namespace) -> dict[str
                     lower_s = _timing(result, Stage.COMPILE, "lower_s") or 0.0
                     ours_rest.append(ours_s[-1] - lower_s)
                 else:
-                    plain = _plain(model_name, recipe, args.seq_len, args.calibration_samples,
-                                   args.runs, Path(tmp))
+                    plain = _plain(model_name, recipe, args, Path(tmp))
                     plain_s.append(plain["total_s"])
                     plain_rest.append(plain["total_s"] - plain["lower_s"])
         ours = statistics.median(ours_s)
+        # Both programs judged alike: the example input's first output against eager fp32.
+        compiled = next(r.artifact for r in result.records if r.stage is Stage.COMPILE)
+        assert compiled is not None  # the run was checked
+        ours_outputs = HostRunner(next(compiled.glob("*.pte"))).run(
+            tuple(plain["model"].example_inputs))
+        sqnr = {"ours": _sqnr_vs_eager(plain["model"], ours_outputs),
+                "plain": _sqnr_vs_eager(plain["model"], plain["outputs"])}
         report_s = _timing(result, Stage.QUANTIZE, "report_s") if recipe.is_quantized else None
         plain_total = statistics.median(plain_s)
     model = plain["model"]
@@ -166,7 +207,10 @@ def bench(model_name: str, recipe: Recipe, args: argparse.Namespace) -> dict[str
             rss = _stage_rss(model_name, recipe, args, Path(tmp))
     return {
         "model": model_name,
+        "backend": args.backend.value,
+        "soc": args.soc if args.backend is Backend.QNN else None,
         "recipe": recipe.value,
+        "sqnr_db_vs_fp32": sqnr,
         "stages_s": stages,
         "pipeline_total_s": round(ours, 2),
         "plain_total_s": round(plain_total, 2),
@@ -193,6 +237,18 @@ def bench(model_name: str, recipe: Recipe, args: argparse.Namespace) -> dict[str
     }
 
 
+def _row(model_name: str, recipe: Recipe, args: argparse.Namespace) -> dict[str, Any]:
+    """`bench`'s row, or one saying which side failed and why: a case the pipeline (or the
+    plain calls) cannot run is a result of the comparison, not the end of the run."""
+    try:
+        return bench(model_name, recipe, args)
+    except Exception as exc:  # recorded in the row, with its type and message
+        print(f"{model_name} {recipe.value}: {type(exc).__name__}: {exc}"[:2000])
+        return {"model": model_name, "backend": args.backend.value,
+                "soc": args.soc if args.backend is Backend.QNN else None,
+                "recipe": recipe.value, "error": f"{type(exc).__name__}: {exc}"[:500]}
+
+
 def _timing(result: Any, stage: Stage, key: str) -> float | None:
     from qnn_common.sealing import load_manifest
 
@@ -200,44 +256,20 @@ def _timing(result: Any, stage: Stage, key: str) -> float | None:
     return load_manifest(record.artifact, verify=False).timings.get(key)
 
 
-def _cell(stages: dict[str, Any], name: str, fmt: str) -> str:
-    value = stages.get(name)
-    return "-" if value is None else format(value, fmt)
-
-
-def table(rows: list[dict[str, Any]]) -> str:
-    """The rows as one Markdown table."""
-    lines = [
-        "| model | recipe | prepare s | quantize s | compile s | infer s | pipeline s | plain s "
-        "| pipeline / plain | lowering s ours / plain | overhead s | of which report s "
-        "| .pte p50 / p90 ms | eager fp32 p50 / p90 ms "
-        "| .pte / eager | ops outside XNNPACK | peak RSS MB prep / quant / comp / infer |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        s, rss = r["stages_s"], r["peak_rss_mb"]
-        report = "-" if r["accuracy_report_s"] is None else f"{r['accuracy_report_s']:.1f}"
-        lines.append(
-            f"| {r['model']} | {r['recipe']} | {_cell(s, 'prepare', '.1f')} | "
-            f"{_cell(s, 'quantize', '.1f')} | {_cell(s, 'compile', '.1f')} | "
-            f"{_cell(s, 'infer', '.1f')} | {r['pipeline_total_s']:.1f} | "
-            f"{r['plain_total_s']:.1f} | **{r['pipeline_vs_plain']:.2f}x** | "
-            f"{r['pipeline_lower_s']:.1f} / {r['plain_lower_s']:.1f} | "
-            f"{r['overhead_s']:+.1f} | {report} | "
-            f"{r['pte_p50_ms']:.2f} / {r['pte_p90_ms']:.2f} | "
-            f"{r['eager_fp32_p50_ms']:.2f} / {r['eager_fp32_p90_ms']:.2f} | "
-            f"**{r['pte_vs_eager_fp32']:.2f}x** | {r['non_delegated_ops']} | "
-            + (" / ".join(_cell(rss, n, ".0f") for n in STAGES) if rss else "-") + " |"
-        )
-    return "\n".join(lines)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="+", default=["tiny-cnn", "minilm"])
-    parser.add_argument("--recipes", nargs="+", default=["8a8w", "fp32"],
-                        choices=["8a8w", "fp32"])
+    parser.add_argument("--backend", type=Backend, default=Backend.XNNPACK,
+                        choices=[Backend.XNNPACK, Backend.QNN],
+                        help="xnnpack: the plain calls are ExecuTorch's stock XNNPACK flow; qnn: "
+                        "upstream's own QNN calls (qnn_plain_calls.py), for --soc on the HTP "
+                        "emulator (default: %(default)s)")
+    parser.add_argument("--soc", default="SM8650", help="the SoC for --backend qnn "
+                        "(default: %(default)s)")
+    parser.add_argument("--recipes", nargs="+", default=None,
+                        choices=["fp32", "8a8w", "fp16", "16a8w", "16a16w", "16a4w"],
+                        help="default: 8a8w fp32 on xnnpack, fp16 8a8w 16a8w on qnn")
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--calibration-samples", type=int, default=16)
     parser.add_argument("--runs", type=int, default=50)
@@ -255,6 +287,12 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="also write the results here")
     add_logging_args(parser)
     args = parser.parse_args()
+    if args.recipes is None:
+        args.recipes = ["fp16", "8a8w", "16a8w"] if args.backend is Backend.QNN else ["8a8w",
+                                                                                    "fp32"]
+    other = {"fp32"} if args.backend is Backend.QNN else {"fp16", "16a8w", "16a16w", "16a4w"}
+    if wrong := sorted(set(args.recipes) & other):
+        parser.error(f"--recipes {' '.join(wrong)}: not for --backend {args.backend.value}")
     # The table is the output: stage logs and third-party noise (library FutureWarnings by the
     # dozen, see qnn_common.cli.noise) only with -v.
     setup_logging(args.verbose, quiet=not args.verbose)
@@ -263,22 +301,25 @@ def main() -> None:
     # One untimed pass first: imports, kernel registration and the first lowering's one-time
     # setup would otherwise be charged to whichever side runs first.
     with tempfile.TemporaryDirectory() as tmp:
-        _plain("tiny-cnn", Recipe.A8W8, args.seq_len, 2, 1, Path(tmp))
+        _plain("tiny-cnn", Recipe(args.recipes[0]), args, Path(tmp), samples=2, runs=1)
     for model in args.models:
         load_model(model, seq_len=args.seq_len)  # warm the page cache and lazy imports
-    rows = [bench(m, Recipe(r), args) for m in args.models for r in args.recipes]
+    rows = [_row(m, Recipe(r), args) for m in args.models for r in args.recipes]
     machine = (f"{platform.machine()}, {os.cpu_count()} cores, load average "
                f"{os.getloadavg()[0]:.1f} at the end")
     print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {machine}; {threads} "
           f"thread(s); seq_len {args.seq_len}, {args.calibration_samples} calibration samples, "
-          f"{args.runs} timed runs, XNNPACK")
-    print(table(rows))
+          f"{args.runs} timed runs, {args.backend.value}"
+          + (f" {args.soc} (the x86 HTP emulator)" if args.backend is Backend.QNN else ""))
+    result = {
+        "bench": "pipeline",
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "machine": machine,
+        "torch": torch.__version__, "threads": threads, "seq_len": args.seq_len,
+        "backend": args.backend.value,
+        "calibration_samples": args.calibration_samples, "runs": args.runs, "rows": rows,
+    }
+    print(render(result))
     if args.json:
-        result = {
-            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "machine": machine,
-            "torch": torch.__version__, "threads": threads, "seq_len": args.seq_len,
-            "calibration_samples": args.calibration_samples, "runs": args.runs, "rows": rows,
-        }
         args.json.write_text(json.dumps(result, indent=2) + "\n")
 
 

@@ -1,6 +1,7 @@
 """Profile one pipeline run with cProfile: where the seconds go beyond the plain ExecuTorch calls.
 
-Run: `./pants run bench/profile_pipeline.py -- --model minilm --top 40`
+Run: `./pants run bench/profile_pipeline.py -- --model minilm --top 40` (`--backend qnn --recipe
+fp16` for the HTP)
 
 Runs the whole pipeline (fresh output directory, every stage runs) under cProfile, writes the raw
 profile (`--out`, readable with `python -m pstats` or snakeviz) and prints:
@@ -21,16 +22,17 @@ import time
 from pathlib import Path
 
 from qnn_common.cli.support import add_logging_args, setup_logging
+from qnn_common.recipes import Backend
 from qnn_pipeline.context import PipelineContext
 from qnn_pipeline.orchestrator import run_pipeline
 
 # (file suffix, function name) of the pipeline's own work around the plain calls.
 OVERHEAD = (
     ("qnn_common/store/hashing.py", "sha256_file"),
-    ("qnn_common/manifest.py", "sha256_file"),
-    ("qnn_common/manifest.py", "load_manifest"),
-    ("qnn_common/manifest.py", "write_manifest"),
-    ("qnn_common/manifest.py", "manifest_digest"),
+    ("qnn_common/sealing.py", "load_manifest"),
+    ("qnn_common/sealing.py", "write_manifest"),
+    ("qnn_common/sealing.py", "manifest_digest"),
+    ("qnn_common/cache_keys.py", "tool_versions"),
     ("qnn_common/torchio/programs.py", "load_program"),
     ("qnn_common/torchio/programs.py", "handed_on"),
     ("qnn_common/torchio/programs.py", "save_program"),
@@ -65,6 +67,9 @@ def main() -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="minilm")
     parser.add_argument("--recipe", default="8a8w")
+    parser.add_argument("--backend", type=Backend, default=Backend.XNNPACK,
+                        choices=list(Backend), help="default: %(default)s")
+    parser.add_argument("--soc", default="SM8650", help="for --backend qnn (default: %(default)s)")
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--calibration-samples", type=int, default=16)
     parser.add_argument("--runs", type=int, default=50)
@@ -77,6 +82,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         ctx = PipelineContext.create(
             args.model, out_dir=Path(tmp) / "out", force=True, recipe=args.recipe,
+            backend=args.backend, soc=args.soc if args.backend is Backend.QNN else None,
             prepare={"seq_len": args.seq_len, "calibration_samples": args.calibration_samples},
             infer={"runs": args.runs},
         )

@@ -134,7 +134,7 @@ def test_bert_8a8w_is_quantized_whole_and_runs_whole_on_the_htp(out: Path) -> No
         assert "dequantize_per_channel" in str(linear.args[1].target), linear.name
     compiled = _manifest(summary, Stage.COMPILE).metrics
     # All but the two casts of the integer attention mask (as `mask + 0.0`, see
-    # qnn_quant.quantizers.qnn), which the HTP refuses at 8 bits and the CPU computes: the
+    # qnn_quant.quantizers.qnn), which the HTP refuses and the CPU computes: the
     # padding mask before the layers, the pooling weights after them.
     assert compiled["non_delegated_op_counts"] == {"aten.add.Tensor": 2}
     assert compiled["partitions"] == 2 and compiled["delegated_ops"] > 150
