@@ -205,7 +205,8 @@ class QuantizeConfig:
     # The worst layers (by SQNR vs fp32) to report; 0 skips the per-layer pass.
     report_layers: int = 10
     # Regexes over nn.Module paths of layers to leave in float. None: the default
-    # (qnn_quant.layers: BERT-style outlier layers at 8-bit activations); () quantizes everything.
+    # (qnn_quant.layers: BERT-style outlier layers at 8-bit activations on xnnpack / portable,
+    # none on qnn); () quantizes everything. A float linear on qnn is refused.
     keep_float: tuple[str, ...] | None = None
     # Regexes over nn.Module paths of linear layers whose activations are quantized at run time
     # (XNNPACK, portable). None: the default (encoder blocks' linears at 8-bit activations).
