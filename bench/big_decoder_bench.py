@@ -13,7 +13,7 @@ which do not depend on the values (the byte tokenizer stands in for the real one
 runs as its own CLI process (`stage_process.run_stage`, for its peak RSS): prepare with the KV
 cache as the methods' inputs and outputs, quantize for QNN (`--recipe`, nearest rounding unless
 `--gptq`), compile with `--num-shards` (default auto) and a context cache. Prints a Markdown
-table; `--json` writes the rows, the machine and the date.
+table (`tables.big_decoder`); `--json` writes the rows, the machine and the date.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import tables
 import torch
 from stage_process import run_stage
 
@@ -114,25 +115,16 @@ def main() -> None:
         shards = metrics.get("shards", {}).get("shards", [])
         contexts = metrics.get("contexts", [])
 
-    print(f"\n{args.arch}, {args.layers or 'all'} layers ({params / 1e6:.0f} M parameters), "
-          f"{args.recipe}, {args.soc}, compile-only\n")
-    print("| stage | seconds | peak RSS MB |\n|---|---|---|")
-    for name, row in stages.items():
-        print(f"| {name} | {row['seconds']} | {row['peak_rss_mb']} |")
-    if shards:
-        print("\n| shard | layers | context MB, estimated | measured | build s |")
-        print("|---|---|---|---|---|")
-        for i, s in enumerate(shards):
-            print(f"| {i + 1} | {s['layers'][0]}-{s['layers'][1] - 1} | "
-                  f"{s['estimated_context_bytes'] / 1e6:.1f} | "
-                  f"{(s['measured_context_bytes'] or 0) / 1e6:.1f} | {s.get('build_s', '-')} |")
+    row = {
+        "arch": args.arch, "layers": args.layers, "parameters": params, "recipe": args.recipe,
+        "soc": args.soc, "stages": stages, "shards": shards, "contexts": contexts,
+        "pte_bytes": metrics["pte_bytes"],
+    }
+    result = {"bench": "big_decoder", "rows": [row], "machine": platform.node(),
+              "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    print(f"\n{tables.render(result)}")
     if args.json:
-        args.json.write_text(json.dumps({
-            "arch": args.arch, "layers": args.layers, "parameters": params,
-            "recipe": args.recipe, "soc": args.soc, "stages": stages, "shards": shards,
-            "contexts": contexts, "pte_bytes": metrics["pte_bytes"],
-            "machine": platform.node(), "date": time.strftime("%Y-%m-%d"),
-        }, indent=2) + "\n")
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -115,7 +115,34 @@ def llm(result: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def big_decoder(result: Mapping[str, Any]) -> str:
+    """bench/big_decoder_bench.py: a 0.5-1B-class decoder for the HTP, compile-only, a row a run."""
+    lines = [
+        "| architecture | parameters | recipe, SoC | prepare s / peak MB | quantize s / peak MB "
+        "| compile s / peak MB | shards: context MB measured (estimated) | .pte bytes |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in result["rows"]:
+        stages = [
+            f"{r['stages'][s]['seconds']:.0f} / {r['stages'][s]['peak_rss_mb']:,}"
+            for s in ("prepare", "quantize", "compile")
+        ]
+        contexts = " + ".join(
+            f"{(s['measured_context_bytes'] or 0) / 1e6:.1f} "
+            f"({s['estimated_context_bytes'] / 1e6:.1f})"
+            for s in r["shards"]
+        )
+        depth = "all" if not r["layers"] else str(r["layers"])
+        lines.append(
+            f"| {r['arch']}, {depth} layers | {r['parameters'] / 1e6:.0f} M | {r['recipe']}, "
+            f"{r['soc']} | {' | '.join(stages)} | {len(r['shards'])}: {contexts} | "
+            f"{_bytes(r['pte_bytes'])} |"
+        )
+    return "\n".join(lines)
+
+
 RENDERERS: Mapping[str, Callable[[Mapping[str, Any]], str]] = {
+    "big_decoder": big_decoder,
     "pipeline": pipeline,
     "compile": compile_cost,
     "llm": llm,

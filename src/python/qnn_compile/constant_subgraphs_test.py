@@ -1,8 +1,15 @@
 from __future__ import annotations
 
+import pytest
 import torch
 
-from qnn_compile.constant_subgraphs import QUANT_ATTRS, constant_nodes, fold_constant_subgraphs
+from qnn_compile.constant_subgraphs import (
+    QUANT_ATTRS,
+    constant_nodes,
+    fold_constant_subgraphs,
+    folding_pass,
+    lifted_literals,
+)
 
 
 class _Masked(torch.nn.Module):
@@ -52,22 +59,19 @@ def test_inputs_random_ops_and_nothing_to_fold_are_left_alone() -> None:
     assert _targets(gm) == before
 
 
-def test_a_subgraph_holding_a_16_bit_value_stays_computed() -> None:
+@pytest.mark.parametrize("bits", [8, 16])
+def test_a_quantized_constant_keeps_its_quantization(bits: int) -> None:
     scores = torch.randn(2, 6, 6)
     gm = _graph(_Masked(), scores)
     where = next(n for n in gm.graph.nodes if "where" in str(n.target))
-    where.meta[QUANT_ATTRS] = {"scale": 1.0, "zero_point": 65535, "quant_min": 0,
-                               "quant_max": 65535, "dtype": torch.int32}
-    assert not constant_nodes(gm)  # the whole connected mask subgraph, not only the 16-bit node
-    assert not fold_constant_subgraphs(gm).modified
-
-    where.meta[QUANT_ATTRS] = {"scale": 1.0, "zero_point": 255, "quant_min": 0,
-                               "quant_max": 255, "dtype": torch.uint8}
+    top = 2**bits - 1
+    where.meta[QUANT_ATTRS] = {"scale": 1.0, "zero_point": top, "quant_min": 0,
+                               "quant_max": top, "dtype": torch.int32}
     folded = fold_constant_subgraphs(gm)
     assert folded.modified
     (const,) = (n for n in folded.graph_module.graph.nodes
                 if str(n.target).startswith("_folded_constant"))
-    assert const.meta[QUANT_ATTRS]["quant_max"] == 255  # QNN quantizes the constant with them
+    assert const.meta[QUANT_ATTRS]["quant_max"] == top  # QNN quantizes the constant with them
 
 
 def test_a_dequantize_stays_for_qnn_to_read() -> None:
@@ -86,3 +90,44 @@ def test_a_dequantize_stays_for_qnn_to_read() -> None:
     assert any("dequantize_per_tensor" in t for t in _targets(folded))
     const = [n for n in folded.graph.nodes if str(n.target).startswith("_folded_constant")]
     assert all(getattr(folded, str(n.target)).dtype == torch.int8 for n in const)
+
+
+class _Shifted(torch.nn.Module):
+    """A literal tensor in forward (export lifts it), scaled, added to the input; and a buffer
+    the module writes, which is no constant."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: torch.Tensor
+        self.register_buffer("seen", torch.zeros(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.seen.add_(x)
+        return x + torch.tensor([1.0, 2.0, 3.0]) * 2.0
+
+
+def test_a_value_computed_from_a_lifted_literal_folds_in_the_program() -> None:
+    from executorch.exir import to_edge
+
+    x = torch.randn(3)
+    program = to_edge(torch.export.export(_Shifted(), (x,), strict=False)).exported_program()
+    literals = lifted_literals(program)
+    assert [1.0, 2.0, 3.0] in [v.tolist() for v in literals.values()]
+    signature = program.graph_signature
+    mutated = set(signature.buffers_to_mutate.values())
+    written = {n for n, b in signature.inputs_to_buffers.items() if b in mutated}  # `seen`
+    assert written and not written & set(literals)
+    literal = next(n for n, v in literals.items() if v.tolist() == [1.0, 2.0, 3.0])
+    # As a graph-module pass it cannot see the literal's value: the product stays computed.
+    assert not constant_nodes(program.graph_module)
+
+    result = folding_pass()(program)
+
+    assert result.modified
+    graph = result.exported_program.graph_module.graph
+    folded = [n for n in graph.nodes if str(n.target).startswith("_folded_constant")]
+    assert len(folded) == 1
+    assert not any("mul" in str(n.target) for n in graph.nodes)
+    assert torch.equal(getattr(result.exported_program.graph_module, str(folded[0].target)),
+                       torch.tensor([2.0, 4.0, 6.0]))
+    assert any(n.name == literal for n in graph.nodes)  # the signature still lists it

@@ -109,7 +109,7 @@ def quantize_causal_lm(
             for module in modules.values():
                 _reset_cache(module)
 
-    graphs = {method: float_graph(ep) for method, ep in programs.items()}
+    graphs = {method: float_graph(ep, target.backend) for method, ep in programs.items()}
     plans = {
         method: plan_layers(gm, target, recipe, keep_float, dynamic_layers)
         for method, gm in graphs.items()

@@ -28,6 +28,7 @@ from qnn_common.errors import ConfigValidationError
 from qnn_common.recipes import (
     DEFAULT_EMBEDDING_WEIGHTS,
     DEFAULT_GROUP_SIZE,
+    Backend,
     EmbeddingWeights,
     GroupMapping,
     Recipe,
@@ -45,7 +46,7 @@ from qnn_quant.graph_rewrites import constant_matmuls_as_linear, constant_weight
 from qnn_quant.intx import IntxResult, quantize_program_8da4w
 from qnn_quant.layers import LayerPlan, plan_layers
 from qnn_quant.quantized_ops import NothingQuantizedError, is_observer, quantized_op_count
-from qnn_quant.quantizers import QuantizerSpec, quantizer_for
+from qnn_quant.quantizers import QuantizerSpec, decomposed_before_annotation, quantizer_for
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +133,7 @@ def quantize_program_with_gptq(
                 inputs = sample.clone()
                 module(*inputs.args, **inputs.kwargs)
 
-    graph_module = float_graph(ep)
+    graph_module = float_graph(ep, target.backend)
     plan = plan_layers(graph_module, target, recipe, keep_float, dynamic_layers)
     result = None
     with initial_buffers_kept(ep):
@@ -159,14 +160,21 @@ def weight_bits(recipe: Recipe) -> int:
     return bits
 
 
-def float_graph(ep: ExportedProgram) -> torch.fx.GraphModule:
-    """`ep` as the float graph module the quantizer annotates (constant matmuls as linears)."""
+def float_graph(ep: ExportedProgram, backend: Backend | None = None) -> torch.fx.GraphModule:
+    """`ep` as the float graph module the quantizer annotates (constant matmuls as linears;
+    with `backend`, the ops its quantizer needs decomposed first)."""
     if writes_into_a_view(ep):
         # `cache[2:4] = rows`: PT2E quantizes a later reader's input where the buffer is
         # defined, before the write, and the program silently reads the old values. Made
         # functional (the write a slice_scatter, the buffer's update an output), every read
         # names the value it reads.
         ep = ep.run_decompositions({})
+    ops = decomposed_before_annotation(backend) if backend is not None else ()
+    # Only when one is there: a decomposition traces the whole program again.
+    if any(n.target in ops for n in ep.graph.nodes):
+        from torch._decomp import get_decompositions
+
+        ep = ep.run_decompositions(get_decompositions(list(ops)))
     graph_module = ep.module()
     rewritten = constant_matmuls_as_linear(graph_module)
     if rewritten:
@@ -232,7 +240,7 @@ def prepare_program(
     from torchao.quantization.pt2e.quantize_pt2e import prepare_pt2e
 
     if graph_module is None:
-        graph_module = float_graph(ep)
+        graph_module = float_graph(ep, target.backend)
     if plan is None:
         plan = plan_layers(graph_module, target, recipe, keep_float, dynamic_layers)
     spec = QuantizerSpec(

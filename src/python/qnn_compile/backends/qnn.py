@@ -28,7 +28,7 @@ from qnn_common.errors import ConfigValidationError
 from qnn_common.qnn_sdk import ready_qnn_sdk
 from qnn_common.recipes import Recipe
 from qnn_compile.backends import BackendLowering
-from qnn_compile.constant_subgraphs import fold_constant_subgraphs
+from qnn_compile.constant_subgraphs import folding_pass
 from qnn_compile.context_cache import ContextCache, building_contexts, one_context_per_method
 from qnn_compile.shards import FALLBACK_OP, ShardLayers
 from qnn_compile.shared_constants import sharing_weights_with_qnn
@@ -115,7 +115,7 @@ def lowering(config: CompileConfig) -> BackendLowering:
             passes.insert(folded[-1] + 1 if folded else len(passes), ShardLayers(shards))
         # Last, on QNN's annotations: a partition computed from constants alone would have no
         # graph inputs, which QNN cannot build (constant_subgraphs.py).
-        return [*passes, fold_constant_subgraphs]
+        return [*passes, folding_pass()]
 
     def export_passes(ep: Any) -> Any:
         # Upstream runs these on the ATen program (LiftConstantScalarOperands and friends) so the

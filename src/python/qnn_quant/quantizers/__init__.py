@@ -60,6 +60,20 @@ def dynamic_scale_per_row(backend: Backend) -> bool:
     return backend is Backend.XNNPACK
 
 
+def decomposed_before_annotation(backend: Backend) -> tuple[torch._ops.OpOverload, ...]:
+    """The ops `backend`'s quantizer needs decomposed before it annotates.
+
+    QNN: `affine_grid_generator` has no QNN annotation, so it stayed float and edge conversion
+    decomposed it after quantization; its last transpose then carried the next quantize's
+    encoding with a float input, which QNN's op validation refuses (a CPU island between two
+    partitions). Decomposed first, its matmul and views are annotated like any others, and the
+    base grid it builds from literals is folded at compile (qnn_compile.constant_subgraphs).
+    """
+    if backend is Backend.QNN:
+        return (torch.ops.aten.affine_grid_generator.default,)
+    return ()
+
+
 def quantizer_for(spec: QuantizerSpec, gm: torch.fx.GraphModule) -> Any:
     """The quantizer that prepares `gm` for `spec.target` at `spec.recipe`."""
     return _provider(spec.target.backend)(spec, gm)

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from qnn_common.errors import ConfigValidationError
+from qnn_common.llm_spec import MASK_VALUE
 from qnn_common.recipes import Recipe
 from qnn_quant.quantizers import QuantizerSpec, lpbq
 
@@ -81,6 +82,46 @@ def _integer_casts_as_adds(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
         changed = True
     if changed:
         gm.graph.eliminate_dead_code()
+        gm.recompile()
+    return gm
+
+
+_SOFTMAXES = (
+    torch.ops.aten._safe_softmax.default,
+    torch.ops.aten._softmax.default,
+    torch.ops.aten.softmax.int,
+)
+
+
+def _constant_masks_bounded(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """Clamp a constant additive attention mask at `MASK_VALUE` where it meets the scores.
+
+    Quantized, `softmax(scores + mask)` has one scale for the sum, so its range holds the mask's
+    extreme: a causal mask's -inf (QNN's decomposition of `is_causal`) or a hand-written -1e4
+    left the scores a step of about 1.0 at 16 bits (docs/known-limits.md has the numbers). Past
+    `MASK_VALUE` a masked score's softmax weight is already below a 16-bit recipe's resolution,
+    so clamping there keeps the float model's output and gives the scores the range; the
+    causal-LM task's own masks use the same value. At 8 bits the step stays about 1.0: the
+    sum's 256 levels span the mask's range either way.
+    """
+    changed = False
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target not in _SOFTMAXES:
+            continue
+        add = node.args[0]
+        if not (isinstance(add, torch.fx.Node) and add.target is torch.ops.aten.add.Tensor):
+            continue
+        for mask in add.args[:2]:
+            if not isinstance(mask, torch.fx.Node) or _depends_on_input(mask):
+                continue
+            with gm.graph.inserting_before(add):
+                bounded = gm.graph.call_function(
+                    torch.ops.aten.clamp.default, (mask, MASK_VALUE)
+                )
+            bounded.meta = dict(mask.meta)
+            add.replace_input_with(mask, bounded)
+            changed = True
+    if changed:
         gm.recompile()
     return gm
 
@@ -169,5 +210,7 @@ def quantizer(spec: QuantizerSpec, gm: torch.fx.GraphModule) -> Any:
         quantizer.add_discard_nodes(sorted(spec.float_nodes))
     upstream_transform = quantizer.transform_for_annotation
     # An instance attribute shadows the method; prepare_pt2e looks it up on the instance.
-    quantizer.transform_for_annotation = lambda gm: upstream_transform(_integer_casts_as_adds(gm))
+    quantizer.transform_for_annotation = lambda gm: _constant_masks_bounded(
+        upstream_transform(_integer_casts_as_adds(gm))
+    )
     return quantizer

@@ -6,9 +6,10 @@ import operator
 
 import torch
 
+from qnn_common.llm_spec import MASK_VALUE
 from qnn_common.recipes import GroupMapping
 from qnn_quant.quantizers.lpbq import block_sizes, configure, split_group_offsets
-from qnn_quant.quantizers.qnn import _integer_casts_as_adds
+from qnn_quant.quantizers.qnn import _constant_masks_bounded, _integer_casts_as_adds
 
 
 class _MaskedSum(torch.nn.Module):
@@ -35,6 +36,35 @@ def test_integer_to_float_casts_become_adds_and_compute_the_same() -> None:
         n.target == torch.ops.aten.add.Tensor and n.args[1] == 0.0 for n in rewritten.graph.nodes
     )
     torch.testing.assert_close(rewritten(hidden, mask), expected)
+
+
+class _MaskedScores(torch.nn.Module):
+    """Softmax over scores plus a causal mask built from literals, and plus a mask given at run
+    time (which the rewrite must leave alone: its values are the caller's)."""
+
+    def forward(self, scores: torch.Tensor, given: torch.Tensor) -> torch.Tensor:
+        n = scores.shape[-1]
+        causal = torch.full((n, n), float("-inf")).triu(1)
+        return torch.softmax(scores + causal, -1) + torch.softmax(scores + given, -1)
+
+
+def test_a_constant_additive_mask_is_clamped_where_it_meets_the_scores() -> None:
+    scores = torch.randn(2, 6, 6) * 4
+    given = torch.full((6, 6), -1e4).triu(1)
+    gm = torch.export.export(_MaskedScores(), (scores, given), strict=False).module()
+    expected = gm(scores, given)
+
+    rewritten = _constant_masks_bounded(gm)
+
+    clamps = [n for n in rewritten.graph.nodes if n.target is torch.ops.aten.clamp.default]
+    assert [c.args[1] for c in clamps] == [MASK_VALUE]  # the causal mask only
+    (add,) = clamps[0].users
+    assert add.target is torch.ops.aten.add.Tensor
+    assert {u.target for u in add.users} & {
+        torch.ops.aten.softmax.int, torch.ops.aten._softmax.default
+    }
+    # The masked weights were already below float32's resolution at -255: the same output.
+    torch.testing.assert_close(rewritten(scores, given), expected)
 
 
 class _Convs(torch.nn.Module):

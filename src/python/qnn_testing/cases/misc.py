@@ -125,23 +125,6 @@ def _rows_and_positions(g: torch.Generator) -> tuple[torch.Tensor, ...]:
     return torch.randn(2, 16, generator=g), torch.randperm(8, generator=g)[:2]
 
 
-# QNN gives the subgraph that builds a mask from constants (arange, compare) a partition of its own
-# with no inputs, and cannot build it: "No graph inputs present for graph [0]". Folded into a
-# constant (qnn_compile/constant_subgraphs.py), fp16 and 8a8w match. A subgraph holding a 16-bit
-# value is not folded: as a static tensor the causal mask read 20 dB against the fake-quant model
-# where computed it would read 40, so the 16-bit recipes still fail to build it (measured on V75,
-# both cases). The match is the compile error's own text: the backend's log lines are not in the
-# message when pytest captures output.
-_NO_INPUTS = "Failed to generate Qnn context binary"
-SDPA_MASK_QNN = tuple(
-    qnn_lowering_fails(
-        p,
-        "QNN partitions the 16-bit constant mask subgraph with no inputs "
-        "('No graph inputs present')",
-        _NO_INPUTS,
-    )
-    for p in ("16a8w", "16a16w", "16a4w", "16a4w_block")
-)
 # ExecuTorch's own check (`qnn_preprocess._check_io_binding`) refuses the fp16 program that adds
 # into its input: QNN declares one graph output where the signature has two (measured).
 INPLACE_QNN = qnn_lowering_fails(
@@ -184,14 +167,6 @@ _RNN_LPBQ = Rule(
     ),
 )
 RNN_CELL_QNN = (_RNN_LPBQ, qnn_nothing_to_quantize("the LSTM / GRU cell ops (exported whole)"))
-LSTM_QNN = (
-    _RNN_LPBQ,
-    qnn_lowering_fails(
-        "16a8w",
-        "QNN builds the quantized LSTM with no graph inputs ('No graph inputs present')",
-        _NO_INPUTS,
-    ),
-)
 class _GridSample3d(nn.Module):
     """A 1x1x1 conv (the layer in front), then trilinear / nearest 3-D sampling."""
 
@@ -244,7 +219,6 @@ CASES: tuple[OpCase, ...] = (
         lambda: _Sdpa(causal=True),
         seq,
         linear=True,
-        rules=SDPA_MASK_QNN,
     ),
     mod_case(
         "sdpa_additive_mask",
@@ -252,7 +226,6 @@ CASES: tuple[OpCase, ...] = (
         lambda: _Sdpa(masked=True),
         seq,
         linear=True,
-        rules=SDPA_MASK_QNN,
     ),
     mod_case("multihead_attention", F, _Mha, seq, linear=True),
     mod_case(
@@ -267,7 +240,7 @@ CASES: tuple[OpCase, ...] = (
     mod_case(
         "gru_cell", F, lambda: _Cell("gru"), state, linear=True, rules=(*RNN_HOST, *RNN_CELL_QNN)
     ),
-    mod_case("lstm", F, lambda: _Rnn("lstm"), seq, linear=True, rules=(*RNN_HOST, *LSTM_QNN)),
+    mod_case("lstm", F, lambda: _Rnn("lstm"), seq, linear=True, rules=(*RNN_HOST, _RNN_LPBQ)),
     mod_case(
         "inplace_add_input",
         F,
