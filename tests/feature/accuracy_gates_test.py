@@ -72,6 +72,24 @@ def test_a_causal_lm_fails_on_its_perplexity_ratio_with_a_suggestion() -> None:
     assert "--max-perplexity-vs-fake-quant 7.48" in message
 
 
+def test_a_program_that_matches_its_fake_quant_model_blames_the_recipe() -> None:
+    gates = default_accuracy_gates(Recipe.A8W8)
+    # Far from fp32, close to the fake-quantized model: the quantization lost it.
+    lossy = {"vs_fp32": _acc(8.0, 0.5), "vs_fake_quant": _acc(35.0, 0.9999)}
+    verdict = judge_accuracy(lossy, gates, Recipe.A8W8)
+    message = str(AccuracyGateError(Path("out"), cast(Any, None), verdict["failures"], "8a8w",
+                                    lossy))
+    assert "matches its fake-quantized model (35 dB)" in message
+    assert "the loss is the recipe's" in message and "16-bit activations" in message
+    # Far from both (or no fake-quant comparison): nothing is blamed.
+    for accuracy in ({"vs_fp32": _acc(8.0, 0.5), "vs_fake_quant": _acc(12.0, 0.95)},
+                     {"vs_fp32": _acc(8.0, 0.5)}):
+        failures = judge_accuracy(accuracy, gates, Recipe.A8W8)["failures"]
+        assert failures
+        blamed = str(AccuracyGateError(Path("out"), cast(Any, None), failures, "8a8w", accuracy))
+        assert "recipe's" not in blamed
+
+
 def test_a_nan_metric_fails_its_gate_and_inf_passes() -> None:
     gates = AccuracyGates(min_sqnr_db_vs_fp32=40.0)
     assert judge_accuracy({"vs_fp32": _acc(math.nan, 1.0)}, gates)["ok"] is False

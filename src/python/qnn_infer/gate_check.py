@@ -48,7 +48,7 @@ class AccuracyGateError(PipelineError):
     stage = Stage.INFER
 
     def __init__(self, artifact_dir: Path, manifest: Manifest, failures: list[dict[str, Any]],
-                 recipe: str | None) -> None:
+                 recipe: str | None, accuracy: dict[str, Any] | None = None) -> None:
         self.artifact_dir = artifact_dir
         self.manifest = manifest
         self.failures = failures
@@ -62,12 +62,38 @@ class AccuracyGateError(PipelineError):
         relaxed = [(f["field"], _fmt(_relaxed(f["metric"], f["value"]), "")) for f in failures]
         flags = " ".join(f"{GATE_FLAGS[name]} {value}" for name, value in relaxed)
         toml = ", ".join(f"{name} = {value}" for name, value in relaxed)
+        matched = _fake_quant_match(failures, accuracy or {})
+        cause = "" if matched is None else (
+            f" The program matches its fake-quantized model ({_fmt(matched, 'sqnr_db')}), so "
+            "the loss is the recipe's, not the compile's: pick more bits (16-bit activations), "
+            "or read the quantize stage's per-layer report for the layers that lose it."
+        )
         super().__init__(
-            f"infer: the outputs of {what} are below the accuracy gates: {missed}. The outputs "
-            f"are kept in {artifact_dir} for inspection. If this accuracy is expected, relax "
-            f"the gate ({flags}, or under [infer] in the TOML file: {toml}), or pass "
+            f"infer: the outputs of {what} are below the accuracy gates: {missed}.{cause} The "
+            f"outputs are kept in {artifact_dir} for inspection. If this accuracy is expected, "
+            f"relax the gate ({flags}, or under [infer] in the TOML file: {toml}), or pass "
             "--no-accuracy-gates to report without checking"
         )
+
+
+# How much closer to its fake-quantized model than to fp32 a program must be for a missed
+# vs-fp32 gate to be the quantization's loss rather than the compile's.
+_RECIPE_LOSS_MARGIN_DB = 10.0
+
+
+def _fake_quant_match(failures: list[dict[str, Any]], accuracy: dict[str, Any]) -> float | None:
+    """The program's SQNR against its fake-quantized model when only vs-fp32 gates failed and
+    the program is much closer to that model than to fp32; else None."""
+    comparisons = {f["comparison"] for f in failures}
+    if comparisons != {"vs_fp32"}:
+        return None
+    vs_fake_quant = (accuracy.get("vs_fake_quant") or {}).get("sqnr_db")
+    vs_fp32 = (accuracy.get("vs_fp32") or {}).get("sqnr_db")
+    if vs_fake_quant is None or vs_fp32 is None:
+        return None
+    if float(vs_fake_quant) < float(vs_fp32) + _RECIPE_LOSS_MARGIN_DB:
+        return None
+    return float(vs_fake_quant)
 
 
 LABELS = {"sqnr_db": "SQNR", "cosine": "cosine",
@@ -134,4 +160,5 @@ def gate_failure(artifact_dir: Path, manifest: Manifest) -> AccuracyGateError | 
         {**f, "value": float(f["value"]), "gate": float(f["gate"])}  # "inf" strings in JSON
         for f in verdict.get("failures", [])
     ]
-    return AccuracyGateError(artifact_dir, manifest, failures, verdict.get("recipe"))
+    return AccuracyGateError(artifact_dir, manifest, failures, verdict.get("recipe"),
+                             manifest.metrics.get("accuracy"))
