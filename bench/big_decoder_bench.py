@@ -3,7 +3,7 @@ seconds and peak RSS per stage, and per shard its context's bytes (estimated and
 build seconds.
 
 Run: `./pants run bench/big_decoder_bench.py -- --arch qwen2.5-0.5b --layers 2`
-(`--layers 0`: the whole depth; hours on 2 cores for the 1B, see docs/qnn.md.)
+(`--layers 0`: the whole depth; about 15 minutes and 16 GB for the 1B, see docs/qnn.md.)
 
 The architectures are the public configs of Llama-3.2-1B (hidden 2048, 16 layers, 32 / 8 heads,
 intermediate 8192, vocab 128,256, tied embeddings, rope theta 500,000 with llama3 scaling) and

@@ -12,6 +12,7 @@ bytes, which the .pte stores once.
 from __future__ import annotations
 
 import collections
+import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -35,6 +36,7 @@ from qnn_common.recipes import (
     default_weight_rounding,
 )
 from qnn_common.target import Target
+from qnn_common.torchio.programs import share_equal_weights
 from qnn_quant.gptq import GptqResult, pin_weight_scales, round_weights
 from qnn_quant.intx import IntxResult, quantize_methods_8da4w
 from qnn_quant.layers import module_path, plan_layers
@@ -46,6 +48,7 @@ from qnn_quant.pt2e import (
 )
 
 _STAGE = "quantize"
+log = logging.getLogger(__name__)
 
 
 def module_runner(modules: Mapping[str, torch.nn.Module], spec: LlmSpec) -> MethodRunner:
@@ -63,7 +66,7 @@ def module_runner(modules: Mapping[str, torch.nn.Module], spec: LlmSpec) -> Meth
 
 
 def quantize_causal_lm(
-    programs: Mapping[str, ExportedProgram],
+    programs: dict[str, ExportedProgram],
     *,
     target: Target,
     recipe: Recipe,
@@ -86,7 +89,11 @@ def quantize_causal_lm(
     default for 4-bit weights) both methods' inputs shape one rounding of the shared weights.
     Returns the programs and what GPTQ did (None when weights rounded to nearest). 8da4w
     (`qnn_quant.intx`) calibrates nothing: both methods' weights are quantized alike, and the
-    transform's record is returned instead."""
+    transform's record is returned instead.
+
+    `programs` is consumed: each float method leaves the dict once converted, and the quantized
+    methods hold one copy of their equal weights, so a caller that keeps nothing else holds no
+    float weight when it runs them (a 1B decoder's fp32 weights are 5 GB)."""
     missing = {PREFILL, DECODE} - set(programs)
     if missing:
         raise StageError(
@@ -132,10 +139,17 @@ def quantize_causal_lm(
     if result is not None:
         pin_weight_scales(prepared[PREFILL], result, bits)
     share_observers(prepared[PREFILL], prepared[DECODE])
+    graphs.clear()  # the float modules: their weights go with the programs below
     quantized = {
-        method: convert_program(programs[method], prepared[method], target=target, recipe=recipe)
-        for method in programs
+        method: convert_program(
+            programs.pop(method), prepared.pop(method), target=target, recipe=recipe
+        )
+        for method in list(programs)
     }
+    # Same scales, same rounding: decode's quantized weights are prefill's values, converted
+    # and exported apart; one copy is kept (a 1B decoder's are over 1 GB).
+    freed = share_equal_weights(quantized)
+    log.info("quantized methods share %.0f MB of equal weights", freed / 2**20)
     return quantized, result
 
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import pytest
 import torch
 from torch import nn
@@ -121,3 +124,28 @@ def test_sharing_refuses_to_leave_a_decode_observer_without_statistics() -> None
         )
     with pytest.raises(StageError, match="no statistics"):
         share_observers(prepared[PREFILL], prepared[DECODE])
+
+
+def test_quantizing_consumes_the_float_methods_and_keeps_one_copy_of_the_weights() -> None:
+    """The float programs leave the caller's dict and nothing keeps their weights (PT2E's
+    memoized device lookup held every prepared module, and with it the float model, for the
+    rest of the process); decode's quantized weights are prefill's tensors, not a copy."""
+    programs = _programs()
+    floats = [weakref.ref(t) for p in programs.values() for t in p.state_dict.values()]
+    calibration = [torch.randint(0, VOCAB, (2 * PREFILL_LEN,), generator=torch.Generator()
+                                 .manual_seed(i)) for i in range(2)]
+    quantized, _ = quantize_causal_lm(
+        programs, target=HTP, recipe=Recipe.A16W8, spec=SPEC, calibration=calibration,
+        progress=False,
+    )
+    assert programs == {}
+    gc.collect()
+    assert [r for r in floats if r() is not None] == []
+    weights = {
+        m: {k: v for k, v in p.state_dict.items() if v.dtype == torch.int8}
+        for m, p in quantized.items()
+    }
+    assert weights[PREFILL], "the LM head's int8 weight"
+    assert weights[PREFILL].keys() == weights[DECODE].keys()
+    for name, tensor in weights[PREFILL].items():
+        assert weights[DECODE][name] is tensor, name

@@ -14,6 +14,7 @@ Which layers stay in float and which quantize their activations at run time (dyn
 
 from __future__ import annotations
 
+import gc
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -264,17 +265,49 @@ def convert_program(
     recipe: Recipe,
     samples: Sequence[tuple[torch.Tensor, ...]] = (),
 ) -> ExportedProgram:
-    """Convert a calibrated `prepared` module (of `ep`) to q/dq ops and export it again."""
+    """Convert a calibrated `prepared` module (of `ep`) to q/dq ops and export it again.
+
+    `prepared` is consumed: once exported, it lets go of its tensors (the program holds those it
+    reads), so that the caller's quantized program is the one copy of its weights.
+    """
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e
 
     converted = convert_pt2e(prepared)
     if quantized_op_count(converted) == 0:
+        forget_prepared_modules()
         raise NothingQuantizedError(target, recipe, converted, 0)
     dropped = drop_unused_tensors(converted)
     if dropped:
         log.debug("%d float tensors the quantized graph no longer reads dropped", dropped)
     example_args, example_kwargs = _example_inputs(ep, samples)
-    return torch.export.export(converted, example_args, example_kwargs, strict=False)
+    program = torch.export.export(converted, example_args, example_kwargs, strict=False)
+    # The converted module is a reference cycle (its graph, and PT2E's train / eval guards bound
+    # to it), which lives until a full collection runs: emptied, it holds nothing big meanwhile.
+    for module in converted.modules():
+        module._parameters.clear()
+        module._buffers.clear()
+    forget_prepared_modules()
+    return program
+
+
+def forget_prepared_modules() -> None:
+    """Let the modules PT2E prepared and converted go.
+
+    Its device lookup is memoized on the module (`functools.cache` on torch.ao's
+    `assert_and_get_unique_device` and torchao's `_assert_and_get_unique_device`), so every
+    module it prepared stayed alive for the rest of the process, holding the float model it was
+    prepared from (a submodule tree with every float weight) and its observers: a causal LM's
+    quantize stage held its fp32 weights twice over through the reference run and the save.
+    Clearing costs one lookup per module next time; the collection returns the freed memory
+    now rather than at the collector's next full pass.
+    """
+    import torchao.utils
+    from torch.ao.quantization.fx import utils as fx_utils
+
+    for lookup in (fx_utils.assert_and_get_unique_device,
+                   torchao.utils._assert_and_get_unique_device):
+        lookup.cache_clear()
+    gc.collect()
 
 
 def drop_unused_tensors(gm: torch.fx.GraphModule) -> int:
