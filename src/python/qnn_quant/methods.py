@@ -91,9 +91,9 @@ def quantize_causal_lm(
     (`qnn_quant.intx`) calibrates nothing: both methods' weights are quantized alike, and the
     transform's record is returned instead.
 
-    `programs` is consumed: each float method leaves the dict once converted, and the quantized
-    methods hold one copy of their equal weights, so a caller that keeps nothing else holds no
-    float weight when it runs them (a 1B decoder's fp32 weights are 5 GB)."""
+    With PT2E recipes `programs` is consumed: each float method leaves the dict once converted,
+    and the quantized methods hold one copy of their equal weights, so a caller that keeps
+    nothing else holds no float weight when it runs them (a 1B decoder's fp32 weights are 5 GB)."""
     missing = {PREFILL, DECODE} - set(programs)
     if missing:
         raise StageError(
