@@ -12,6 +12,7 @@ bytes, which the .pte stores once.
 from __future__ import annotations
 
 import collections
+import gc
 import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -150,6 +151,9 @@ def quantize_causal_lm(
     # and exported apart; one copy is kept (a 1B decoder's are over 1 GB).
     freed = share_equal_weights(quantized)
     log.info("quantized methods share %.0f MB of equal weights", freed / 2**20)
+    # The float programs popped above are reference cycles (program, graph module, graph): they
+    # go at a full collection, which may not come before the reference run and the save.
+    gc.collect()
     return quantized, result
 
 
