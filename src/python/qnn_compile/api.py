@@ -33,7 +33,7 @@ from qnn_common.store import own_programs
 from qnn_common.store.artifact_dir import begin_artifact
 from qnn_common.store.atomic import atomic_write_bytes
 from qnn_common.store.hashing import sha256_file
-from qnn_common.torchio.programs import load_program, share_equal_weights
+from qnn_common.torchio.programs import load_methods
 from qnn_compile.backends import lowering_for
 from qnn_compile.context_cache import one_context_per_method
 from qnn_compile.lower import lower_program
@@ -134,9 +134,7 @@ def run_compile(inp: CompileInput) -> CompileOutput:
     # chipset is a clear error with nothing left behind.
     lowering = lowering_for(cfg)
     digests = _input_digests(inp)
-    programs = {m: load_program(path, inp.programs.get(m)) for m, path in program_paths.items()}
-    if (freed := share_equal_weights(programs)) > 0:  # methods loaded from their own files
-        log.info("methods %s share %.0f MB of equal weights", ", ".join(programs), freed / 2**20)
+    programs = load_methods(program_paths, inp.programs)
     shards = None
     if layers is not None:  # sharded: how many contexts, from the program, before lowering
         graphs = 1 if one_context_per_method(cfg.weight_sharing) else len(programs)

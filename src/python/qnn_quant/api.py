@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 import qnn_quant
@@ -17,7 +16,7 @@ from qnn_common.stages import (
     program_files,
 )
 from qnn_common.store.artifact_dir import begin_artifact
-from qnn_common.torchio.programs import handed_on, load_program, save_program, share_equal_weights
+from qnn_common.torchio.programs import handed_on, load_methods, save_program
 from qnn_common.torchio.samples import save_samples
 from qnn_quant.families import family_for
 from qnn_quant.gptq import GptqResult
@@ -25,7 +24,6 @@ from qnn_quant.intx import IntxResult
 from qnn_quant.quantized_ops import dynamic_op_count, quantized_op_count, quantized_op_kinds
 
 PACKAGE = "qnn-quant"
-log = logging.getLogger(__name__)
 
 
 def quantize_cache_key(inp: QuantizeInput) -> str:
@@ -44,9 +42,7 @@ def run_quantize(inp: QuantizeInput) -> QuantizeOutput:
     src = load_manifest(inp.source, expect_stage=Stage.PREPARE)
     family = family_for(inp.source, src)
     files = program_files(inp.source, src)
-    programs = {m: load_program(inp.source / f, inp.programs.get(m)) for m, f in files.items()}
-    if (freed := share_equal_weights(programs)) > 0:
-        log.info("methods %s share %.0f MB of equal weights", ", ".join(programs), freed / 2**20)
+    programs = load_methods({m: inp.source / f for m, f in files.items()}, inp.programs)
     out = begin_artifact(inp.out_dir, inputs=[inp.source])
 
     quantized = family.quantize(inp, src, programs)

@@ -14,6 +14,7 @@ import copy
 import hashlib
 import importlib
 import io
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +26,10 @@ from qnn_common.llm_spec import LLM_CUSTOM_OPS_MODULE
 from qnn_common.store.atomic import atomic_write_bytes
 from qnn_common.store.hashing import sha256_file
 from qnn_common.torchio import serde_speed
+from qnn_common.torchio.known_weights import buffers_written, reusable_tensors, reusing_weights
 from qnn_common.torchio.pt2_archive import MODEL, check_pt2_archive
+
+log = logging.getLogger(__name__)
 
 _OP_LIBRARIES = (
     "torchao.quantization.pt2e", "torchao.quantization.quant_primitives", LLM_CUSTOM_OPS_MODULE,
@@ -88,7 +92,7 @@ def share_equal_weights(programs: Mapping[str, torch.export.ExportedProgram]) ->
     parameters, the constants and the buffers no method updates: a buffer that one method
     writes (a KV cache) is state, and stays each method's own.
     """
-    written = {fqn for program in programs.values() for fqn in _buffers_written(program)}
+    written = {fqn for program in programs.values() for fqn in buffers_written(program)}
     first: dict[tuple[str, str], torch.Tensor] = {}
     freed = 0
     for program in programs.values():
@@ -106,37 +110,10 @@ def share_equal_weights(programs: Mapping[str, torch.export.ExportedProgram]) ->
                 if known is tensor or known.shape != tensor.shape or known.dtype != tensor.dtype:
                     continue
                 if torch.equal(known, tensor):
+                    if not _same_storage(known, tensor):  # else loaded as one already
+                        freed += tensor.numel() * tensor.element_size()
                     table[name] = known
-                    freed += tensor.numel() * tensor.element_size()
     return freed
-
-
-def _buffers_written(program: torch.export.ExportedProgram) -> set[str]:
-    """The buffers a program may write: those its signature says it mutates, and those an op
-    takes as an aliased argument (an in-place update, or a view one could update through).
-    Programs keep in-place writes until edge conversion functionalizes them, so the signature
-    alone does not tell."""
-    signature = program.graph_signature
-    written = set(signature.buffers_to_mutate.values())
-    for node in program.graph.nodes:
-        fqn = signature.inputs_to_buffers.get(node.name) if node.op == "placeholder" else None
-        if fqn is None:
-            continue
-        for user in node.users:
-            if user.op == "output":
-                continue
-            schema = getattr(user.target, "_schema", None) if user.op == "call_function" else None
-            if schema is None:  # not an ATen op: assume the worst
-                written.add(fqn)
-                break
-            arguments = {a.name: a for a in schema.arguments}
-            uses = [schema.arguments[i] for i, a in enumerate(user.args)
-                    if a is node and i < len(schema.arguments)]
-            uses += [arguments[k] for k, a in user.kwargs.items() if a is node and k in arguments]
-            if len(uses) == 0 or any(a.alias_info is not None for a in uses):
-                written.add(fqn)
-                break
-    return written
 
 
 def _storages(program: torch.export.ExportedProgram) -> frozenset[int]:
@@ -191,15 +168,65 @@ def _stable_provenance(program: torch.export.ExportedProgram) -> None:
                     ]
 
 
+def load_methods(
+    paths: Mapping[str, Path], saved: Mapping[str, SavedProgram] | None = None
+) -> dict[str, torch.export.ExportedProgram]:
+    """Load a model's methods, each from its own `.pt2`, holding one copy of their equal weights.
+
+    Each method after the first is loaded reusing the earlier ones' equal weights
+    (`known_weights`), so the load never holds two copies of a weight beside the archive's
+    bytes; `share_equal_weights` then makes the equal tensors one object. A buffer a method
+    writes (state, such as a KV cache) is never shared.
+    """
+    programs: dict[str, torch.export.ExportedProgram] = {}
+    reused = 0
+    for method, path in paths.items():
+        known = reusable_tensors(list(programs.values()))
+        program = load_program(path, (saved or {}).get(method), known=known)
+        held = {t.untyped_storage().data_ptr() for t in known.values()}
+        reused += sum(s.nbytes() for s in _storages_of(program) if s.data_ptr() in held)
+        for fqn in buffers_written(program):  # state: its own, even where the bytes matched
+            buffer = program.state_dict.get(fqn)
+            if isinstance(buffer, torch.Tensor) and any(
+                _same_storage(buffer, other) for other in known.values()
+            ):
+                program.state_dict[fqn] = buffer.clone()
+        programs[method] = program
+    freed = share_equal_weights(programs)
+    if reused + freed > 0:
+        log.info("methods %s hold one copy of %.0f MB of equal weights",
+                 ", ".join(programs), (reused + freed) / 2**20)
+    return programs
+
+
+def _storages_of(program: torch.export.ExportedProgram) -> list[torch.UntypedStorage]:
+    """The distinct storages of a program's weights, buffers and constants."""
+    storages = {
+        t.untyped_storage().data_ptr(): t.untyped_storage()
+        for t in (*program.state_dict.values(), *program.constants.values())
+        if isinstance(t, torch.Tensor)
+    }
+    return list(storages.values())
+
+
+def _same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr() != 0
+
+
 def load_program(
-    path: Path, saved: SavedProgram | None = None
+    path: Path,
+    saved: SavedProgram | None = None,
+    *,
+    known: Mapping[str, torch.Tensor] | None = None,
 ) -> torch.export.ExportedProgram:
     """Load a .pt2 written by torch.export.save, refusing anything else with a clear reason.
 
     Refused before torch sees it: any archive that would make torch.export.load unpickle more
     than plain tensors (see `pt2_archive`), since unpickling can run arbitrary code.
     `saved`: the program as its stage saved it in this process (`SavedProgram`), returned as is
-    if the file still holds exactly those bytes.
+    if the file still holds exactly those bytes. `known`: tensors already loaded (another
+    method's, by name); a weight whose bytes equal its known tensor's storage is loaded as that
+    storage (`known_weights`). A model's methods: `load_methods`.
     """
     if not path.is_file():
         raise ArtifactError(path, "does not exist")
@@ -220,7 +247,8 @@ def load_program(
     from torch.export.pt2_archive._package import load_pt2
 
     try:
-        program = load_pt2(io.BytesIO(checked.archive)).exported_programs[MODEL]
+        with reusing_weights(known or {}, checked.archive):
+            program = load_pt2(io.BytesIO(checked.archive)).exported_programs[MODEL]
         program.example_inputs = checked.example_inputs  # checked against the input spec
     except Exception as err:  # zipfile, JSON and deserialization errors alike
         raise ArtifactError(

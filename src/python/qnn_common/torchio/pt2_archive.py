@@ -26,6 +26,7 @@ import io
 import json
 import os
 import zipfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -80,20 +81,24 @@ def check_pt2_archive(path: Path, file: BinaryIO) -> CheckedPt2:
         program = f"models/{MODEL}.json"
         if program not in members:
             raise ArtifactError(path, f"is not an exported program (no {program}); {_PRODUCE}")
-        carried = {n: archive.read(n) for n in (*_ROOT_RECORDS, program) if n in members}
-        for kind in ("weights", "constants"):
-            carried.update(_payload(path, archive, kind))
-        example_inputs = _sample_inputs(path, archive)
-    carried[_SAMPLE_INPUTS] = b""
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as out:
-        for name, data in carried.items():
-            out.writestr(f"{archive.root}/{name}", data)
+        # Written as read, one member at a time: the checked copy is the only full copy held
+        # (a 1B decoder's weights are 5 GB; its second method loads beside the first's).
+        buffer = io.BytesIO()
+        with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as out:
+            for name in (*_ROOT_RECORDS, program):
+                if name in members:
+                    out.writestr(f"{archive.root}/{name}", archive.read(name))
+            for kind in ("weights", "constants"):
+                for name, data in _payload(path, archive, kind):
+                    out.writestr(f"{archive.root}/{name}", data)
+            example_inputs = _sample_inputs(path, archive)
+            out.writestr(f"{archive.root}/{_SAMPLE_INPUTS}", b"")
     return CheckedPt2(buffer.getvalue(), example_inputs)
 
 
-def _payload(path: Path, archive: BoundedZip, kind: str) -> dict[str, bytes]:
-    """The payload config of `kind` (weights / constants) and the raw tensor files it names."""
+def _payload(path: Path, archive: BoundedZip, kind: str) -> Iterator[tuple[str, bytes]]:
+    """The payload config of `kind` (weights / constants), then the raw tensor files it names,
+    each read as it is reached; every entry of the config is checked before any is read."""
     directory = f"data/{kind}/"
     if f"{directory}{MODEL}.pt" in archive.members:  # an older layout: one pickle of everything
         raise ArtifactError(path, f"{directory}{MODEL}.pt: legacy pickled {kind}; {_HOW_TO_FIX}")
@@ -108,7 +113,7 @@ def _payload(path: Path, archive: BoundedZip, kind: str) -> dict[str, bytes]:
         raise ArtifactError(
             path, f"{name} is not a payload config ({type(err).__name__}: {err})"
         ) from None
-    out = {name: raw}
+    members = {name: None}  # in order, once each
     for fqn, meta in entries:
         file = str(meta.get("path_name", "")) if isinstance(meta, dict) else ""
         if not isinstance(meta, dict) or meta.get("use_pickle") is not False:
@@ -129,9 +134,10 @@ def _payload(path: Path, archive: BoundedZip, kind: str) -> dict[str, bytes]:
                 path, f"{kind[:-1]} {fqn!r} names {member!r}, which the archive does not hold; "
                 f"{_PRODUCE}",
             )
-        if member not in out:
-            out[member] = archive.read(member)
-    return out
+        members[member] = None
+    yield name, raw
+    for member in list(members)[1:]:
+        yield member, archive.read(member)
 
 
 def _sample_inputs(path: Path, archive: BoundedZip) -> ExampleInputs | None:
