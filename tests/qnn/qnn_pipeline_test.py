@@ -177,6 +177,16 @@ def test_sampling_on_a_computed_affine_grid_is_one_partition(out: Path, recipe: 
     assert float(summary["accuracy"]["sqnr_db_vs_fake_quant"]) >= floor
 
 
+def test_a_cast_to_int_and_back_truncates_on_the_htp(out: Path) -> None:
+    # QNN's preprocess fused `x.to(int32).to(float32)` into `x` (no truncation): 9 dB against
+    # eager in the op suite. The compile truncates the cast's input explicitly (int_casts.py).
+    summary = _run(out, f"{htp_parity_models.__name__}:truncating", "SM8650", Recipe.FP16)
+    compiled = _manifest(summary, Stage.COMPILE).metrics
+    assert compiled["partitions"] == 1 and compiled["non_delegated_ops"] == 0
+    # Measured 72.6 dB (28.8 without the truncation: the pipeline's 30 dB gate failed).
+    assert float(summary["accuracy"]["sqnr_db_vs_fp32"]) >= 60.0
+
+
 def test_minilm_16a8w_on_sm8550(out: Path) -> None:
     summary = _run(out, "minilm", "SM8550", Recipe.A16W8, seq_len=32)
     assert float(summary["accuracy"]["cosine_vs_fp32"]) >= 0.98

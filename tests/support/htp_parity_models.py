@@ -1,5 +1,6 @@
 """Small models in shapes the plain upstream QNN calls run, as ``package.module:function`` models:
-attention whose mask is built from constants, and sampling on a grid computed from the input."""
+attention whose mask is built from constants, sampling on a grid computed from the input, and a
+truncation written as a cast to int and back."""
 
 from __future__ import annotations
 
@@ -48,6 +49,20 @@ class AffineSample(nn.Module):
         return fn.grid_sample(y, grid, align_corners=False)
 
 
+class Truncating(nn.Module):
+    """A linear whose output is truncated to whole steps of 1/4 by a cast to int32 and back (a
+    round trip QNN's preprocess fuses away: `qnn_compile.int_casts`)."""
+
+    def __init__(self, width: int = 16) -> None:
+        super().__init__()
+        self.linear = nn.Linear(width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        steps = (self.linear(x) * 4).to(torch.int32).to(torch.float32)
+        out: torch.Tensor = steps / 4 + x
+        return out
+
+
 def causal_attention() -> tuple[nn.Module, tuple[torch.Tensor]]:
     torch.manual_seed(23)
     generator = torch.Generator().manual_seed(5)
@@ -58,3 +73,9 @@ def affine_sample() -> tuple[nn.Module, tuple[torch.Tensor]]:
     torch.manual_seed(23)
     generator = torch.Generator().manual_seed(5)
     return AffineSample().eval(), (torch.randn(2, 4, 8, 8, generator=generator),)
+
+
+def truncating() -> tuple[nn.Module, tuple[torch.Tensor]]:
+    torch.manual_seed(23)
+    generator = torch.Generator().manual_seed(5)
+    return Truncating().eval(), (3 * torch.randn(4, 16, generator=generator),)
