@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch.fx.passes.infra.pass_base import PassResult
 
 from qnn_compile.constant_subgraphs import QUANT_ATTRS
 
@@ -87,13 +88,6 @@ def truncate_before_int_casts(gm: torch.fx.GraphModule) -> int:
     return len(nodes)
 
 
-def truncation_pass() -> Any:
-    """`truncate_before_int_casts` as an ExecuTorch edge pass."""
-    from executorch.exir.pass_base import ExportPass, PassResult
-
-    # ExecuTorch's pass base is untyped.
-    class TruncateBeforeIntCasts(ExportPass):  # type: ignore[misc]
-        def call(self, graph_module: torch.fx.GraphModule) -> Any:
-            return PassResult(graph_module, truncate_before_int_casts(graph_module) > 0)
-
-    return TruncateBeforeIntCasts()
+def truncation_pass(gm: torch.fx.GraphModule) -> PassResult:
+    """`truncate_before_int_casts` as an edge pass (ExecuTorch takes a plain graph-module pass)."""
+    return PassResult(gm, truncate_before_int_casts(gm) > 0)

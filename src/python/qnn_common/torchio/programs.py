@@ -109,8 +109,12 @@ def share_equal_weights(programs: Mapping[str, torch.export.ExportedProgram]) ->
                 known = first.setdefault((kind, name), tensor)
                 if known is tensor or known.shape != tensor.shape or known.dtype != tensor.dtype:
                     continue
-                if torch.equal(known, tensor):
-                    if not _same_storage(known, tensor):  # else loaded as one already
+                # Loaded as one already (`load_methods`): the same view, compared as bytes then.
+                same_view = _same_storage(known, tensor) and (
+                    known.storage_offset(), known.stride()
+                ) == (tensor.storage_offset(), tensor.stride())
+                if same_view or torch.equal(known, tensor):
+                    if not _same_storage(known, tensor):
                         freed += tensor.numel() * tensor.element_size()
                     table[name] = known
     return freed

@@ -117,7 +117,7 @@ def lowering(config: CompileConfig) -> BackendLowering:
         # Last, on QNN's annotations: a partition computed from constants alone would have no
         # graph inputs, which QNN cannot build (constant_subgraphs.py); and a float-to-int
         # cast cast again, which QNN's preprocess would fuse away untruncated (int_casts.py).
-        return [*passes, folding_pass(), truncation_pass()]
+        return [*passes, folding_pass(), truncation_pass]
 
     def export_passes(ep: Any) -> Any:
         # Upstream runs these on the ATen program (LiftConstantScalarOperands and friends) so the
