@@ -7,8 +7,12 @@ on the HTP, silently. Before partitioning, a float-to-integer cast whose result 
 gets its input truncated explicitly, `sign(x) * floor(abs(x))` (ops QNN has; a comparison with a
 number would not be delegated at this point), so the fused chain computes what torch does. A
 cast whose integer result is used as such is left alone (QNN's Cast truncates, as torch does),
-and so is a quantized graph's (its casts carry encodings these ops would not have; those recipes
-have their own rules in the op suite).
+and so is a quantized graph's (its casts carry encodings these ops would not have).
+
+In a quantized graph, QNN's Cast from a quantized float to an integer moves the codes, not the
+values (`x.to(int32)` of an 8-bit tensor read 187 for 3.02; at 16 bits its op validation refuses
+the cast). `keep_code_casts_on_cpu` marks such casts for ExecuTorch's CPU fallback, where the
+value is dequantized first.
 """
 
 from __future__ import annotations
@@ -86,6 +90,34 @@ def truncate_before_int_casts(gm: torch.fx.GraphModule) -> int:
         gm.graph.lint()
         gm.recompile()
     return len(nodes)
+
+
+def code_casts(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
+    """The casts of `gm` from a quantized float (its source carries QNN's encoding) to an
+    integer."""
+    casts = _casts()
+    found = []
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or node.target not in casts or not node.args:
+            continue
+        source, out = node.args[0], _dtype(node)
+        src = _dtype(source)
+        if src is None or out is None or not src.is_floating_point or out.is_floating_point:
+            continue
+        if out != torch.bool and isinstance(source, torch.fx.Node) and QUANT_ATTRS in source.meta:
+            found.append(node)
+    return found
+
+
+def keep_code_casts_on_cpu(gm: torch.fx.GraphModule) -> PassResult:
+    """Mark every cast `code_casts` finds for ExecuTorch's CPU fallback (QNN's partitioner
+    reads the mark)."""
+    from executorch.backends.qualcomm.utils.constants import QCOM_FALLBACK_NODE
+
+    nodes = code_casts(gm)
+    for node in nodes:
+        node.meta[QCOM_FALLBACK_NODE] = True
+    return PassResult(gm, bool(nodes))
 
 
 def truncation_pass(gm: torch.fx.GraphModule) -> PassResult:

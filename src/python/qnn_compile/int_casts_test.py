@@ -8,7 +8,12 @@ from executorch.backends.qualcomm._passes.fuse_consecutive_cast import FuseConse
 from executorch.exir import to_edge
 
 from qnn_compile.constant_subgraphs import QUANT_ATTRS
-from qnn_compile.int_casts import dropped_truncations, truncate_before_int_casts
+from qnn_compile.int_casts import (
+    code_casts,
+    dropped_truncations,
+    keep_code_casts_on_cpu,
+    truncate_before_int_casts,
+)
 
 _X = torch.tensor([[-2.7, -1.5, -1.2, -0.6, -0.2, 0.0, 0.2, 0.6, 1.2, 1.5, 2.5, 3.5]])
 
@@ -62,3 +67,20 @@ def test_a_cast_used_as_an_integer_or_in_a_quantized_graph_is_left_alone() -> No
     (cast,) = dropped_truncations(quantized)
     cast.meta[QUANT_ATTRS] = {"scale": 1.0}
     assert not dropped_truncations(quantized)
+
+
+def test_a_quantized_float_cast_to_an_integer_falls_back_to_the_cpu() -> None:
+    from executorch.backends.qualcomm.utils.constants import QCOM_FALLBACK_NODE
+
+    float_graph = _edge(_RoundTrip())
+    assert not code_casts(float_graph) and not keep_code_casts_on_cpu(float_graph).modified
+
+    quantized = _edge(_RoundTrip())
+    (cast,) = dropped_truncations(quantized)
+    source = cast.args[0]
+    assert isinstance(source, torch.fx.Node)
+    source.meta[QUANT_ATTRS] = {"scale": 0.02}  # what FoldQDQ leaves on a quantized tensor
+    assert code_casts(quantized) == [cast]
+    assert keep_code_casts_on_cpu(quantized).modified
+    marked = [n for n in quantized.graph.nodes if n.meta.get(QCOM_FALLBACK_NODE)]
+    assert marked == [cast]  # the int -> float cast after it is not a code cast

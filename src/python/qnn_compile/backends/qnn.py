@@ -30,7 +30,7 @@ from qnn_common.recipes import Recipe
 from qnn_compile.backends import BackendLowering
 from qnn_compile.constant_subgraphs import folding_pass
 from qnn_compile.context_cache import ContextCache, building_contexts, one_context_per_method
-from qnn_compile.int_casts import truncation_pass
+from qnn_compile.int_casts import keep_code_casts_on_cpu, truncation_pass
 from qnn_compile.shards import FALLBACK_OP, ShardLayers
 from qnn_compile.shared_constants import sharing_weights_with_qnn
 
@@ -115,9 +115,10 @@ def lowering(config: CompileConfig) -> BackendLowering:
             folded = [i for i, p in enumerate(passes) if isinstance(p, FoldQDQ)]
             passes.insert(folded[-1] + 1 if folded else len(passes), ShardLayers(shards))
         # Last, on QNN's annotations: a partition computed from constants alone would have no
-        # graph inputs, which QNN cannot build (constant_subgraphs.py); and a float-to-int
-        # cast cast again, which QNN's preprocess would fuse away untruncated (int_casts.py).
-        return [*passes, folding_pass(), truncation_pass]
+        # graph inputs, which QNN cannot build (constant_subgraphs.py); a float-to-int cast
+        # cast again, which QNN's preprocess would fuse away untruncated; and a quantized float
+        # cast to an integer, which QNN would give the codes of (int_casts.py).
+        return [*passes, folding_pass(), truncation_pass, keep_code_casts_on_cpu]
 
     def export_passes(ep: Any) -> Any:
         # Upstream runs these on the ATen program (LiftConstantScalarOperands and friends) so the

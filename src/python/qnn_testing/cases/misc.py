@@ -21,7 +21,7 @@ from qnn_testing.cases.base import (
     randn,
 )
 from qnn_testing.cases.conv import CONV3D_QNN
-from qnn_testing.expect import Raises, Rule, XFail
+from qnn_testing.expect import Raises, Rule
 from qnn_testing.structure import Delegation, Structure
 
 F = "misc"
@@ -131,15 +131,6 @@ INPLACE_QNN = qnn_lowering_fails(
     "fp16",
     "QNN's graph I/O does not match a program that updates its input in place",
     "QNN graph I/O does not match",
-)
-
-# Measured on V75 when the deal first gave this case 8a8w: the program returns numbers like the
-# cast's 8-bit codes (187 where 3.02 is expected; SQNR -38 dB), with the add after the cast left
-# outside. 16a16w matches. Not yet reduced further.
-TO_INT_8A8W_QNN = Rule(
-    "qnn-v75",
-    "8a8w",
-    outcome=XFail("QNN 8a8w: a float -> int32 -> float cast returns 8-bit codes, not values"),
 )
 
 # The cast stays on the portable kernels; XNNPACK takes the float multiply after it (measured).
@@ -272,8 +263,7 @@ CASES: tuple[OpCase, ...] = (
     ),
     lin_case("relu_inplace_intermediate", F, lambda a: torch.relu_(a * 1.0), randn((4, 16))),
     lin_case(
-        "to_int_and_back", F, lambda a: (a * 4).to(torch.int32).to(torch.float32), randn((4, 16)),
-        rules=(TO_INT_8A8W_QNN,),
+        "to_int_and_back", F, lambda a: (a * 4).to(torch.int32).to(torch.float32), randn((4, 16))
     ),
     lin_case(
         "arange_add", F, lambda a: a + torch.arange(16, dtype=torch.float32) / 16, randn((4, 16))
