@@ -17,7 +17,7 @@ from qnn_common.cli.support import (
     run_cli,
     setup_logging,
 )
-from qnn_common.config import Stage
+from qnn_common.config import DEFAULT_LPBQ_BLOCK, Stage
 from qnn_common.manifest import MANIFEST_NAME
 from qnn_common.recipes import Backend, EmbeddingWeights, GroupMapping, Recipe
 from qnn_common.sealing import load_manifest
@@ -83,6 +83,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="rerun stages even if up to date")
     p.add_argument("--group-size", type=int,
                    help="8da4w: input channels per 4-bit weight scale (default: 32)")
+    p.add_argument("--block-size", type=int,
+                   help=f"16a4w_block: input channels per LPBQ weight-scale block (default: "
+                   f"{DEFAULT_LPBQ_BLOCK}; 32 for a GGUF Q4_1 model such as smollm2-135m, "
+                   "whose weights sit in blocks of 32)")
     p.add_argument("--group-mapping", choices=[m.value for m in GroupMapping],
                    help="8da4w and 16a4w_block: 4-bit groups (LPBQ blocks) from their minimum "
                    "to their maximum (asymmetric, 8da4w's default) or symmetric around 0 "
@@ -145,7 +149,8 @@ def context_from_args(args: argparse.Namespace) -> PipelineContext:
                     "kv_cache": True if generation is not None else None,
                     "max_seq_len": args.max_seq_len, "prefill_len": args.prefill_len,
                     "custom_ops": args.custom_ops},
-        "quantize": {"group_size": args.group_size, "group_mapping": args.group_mapping,
+        "quantize": {"group_size": args.group_size, "block_size": args.block_size,
+                     "group_mapping": args.group_mapping,
                      "embedding_weights": args.embedding_weights},
         "compile": {"htp_performance_mode": args.htp_performance_mode,
                     "weight_sharing": args.weight_sharing, "num_shards": args.num_shards},

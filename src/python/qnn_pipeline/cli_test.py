@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from qnn_common.config import Stage
-from qnn_common.recipes import Backend, Recipe
+from qnn_common.recipes import Backend, GroupMapping, Recipe
 from qnn_pipeline.cli import build_parser, context_from_args, main
 from qnn_pipeline.context import PipelineContext
 
@@ -32,6 +32,10 @@ def test_stage_flags_reach_stage_configs() -> None:
     ctx = _ctx("--model", "minilm", "--seq-len", "32", "--calibration-samples", "3", "--runs", "7")
     assert ctx.prepare.seq_len == 32 and ctx.prepare.calibration_samples == 3
     assert ctx.infer.runs == 7
+    lpbq = _ctx("--model", "tiny-llama", "--backend", "qnn", "--soc", "SM8650", "--recipe",
+                "16a4w_block", "--block-size", "32", "--group-mapping", "asymmetric")
+    assert lpbq.quantize is not None and lpbq.quantize.block_size == 32
+    assert lpbq.quantize.group_mapping is GroupMapping.ASYMMETRIC
 
 
 def test_custom_ops_follow_the_backend_unless_said() -> None:

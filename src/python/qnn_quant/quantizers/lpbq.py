@@ -18,8 +18,9 @@ QnnQuantizer for it:
    compute garbage on the x86 emulator, on pointwise convolutions they match the fake-quantized
    model.
 3. **Block sizes** for every linear-turned-convolution and every ungrouped 1x1 convolution whose
-   input channels divide into blocks (`blockable`), each node with an observer constructor of
-   its own (`_own_block_observers`). Other weights stay 4-bit per channel.
+   input channels divide into blocks (`blockable`), each node with an observer of its own
+   (`_own_block_observers`): `lpbq_observer.LpbqWeightObserver`, which uses all 16 int4 levels
+   and returns the block scales the HTP holds. Other weights stay 4-bit per channel.
 """
 
 from __future__ import annotations
@@ -121,8 +122,56 @@ def split_group_offsets(
     return frozenset(added)
 
 
+# Block sizes a checkpoint's own 4-bit min/max grid is looked for in (GGUF's Q4_1: 32).
+_GRID_BLOCKS = (16, 32, 64, 128)
+
+
+def min_max_grid_block(weight: torch.Tensor, blocks: tuple[int, ...] = _GRID_BLOCKS) -> int | None:
+    """The smallest block size in `blocks` over which nearly every block of `weight` (out, in)
+    holds at most 16 evenly spaced values from its minimum to its maximum (a min/max 4-bit grid:
+    GGUF Q4_1, GPTQ checkpoints), or None. Such weights are held exactly by LPBQ only at that
+    block size with asymmetric blocks."""
+    for block in blocks:
+        if weight.dim() != 2 or weight.shape[1] % block:
+            continue
+        _, scale, offset = split_asymmetric(weight, block)
+        groups = weight.detach().float().reshape(*scale.shape, block)
+        steps = (groups - (offset - 8 * scale).unsqueeze(-1)) / scale.unsqueeze(-1)
+        on_grid = ((steps - steps.round()).abs().amax(-1) < 1e-2).float().mean()
+        if float(on_grid) >= 0.99:
+            return block
+    return None
+
+
+def _advise_on_grid(
+    gm: torch.fx.GraphModule, block: int, mapping: GroupMapping, sample: int = 4
+) -> None:
+    """Warn when the first blockable linears' weights sit on a 4-bit min/max grid that `block`
+    and `mapping` would round again (GGUF Q4_1 at the default blocks of 16, symmetric)."""
+    grids: list[int | None] = []
+    for node in gm.graph.nodes:
+        weight = blockable(node, block)
+        if node.target != torch.ops.aten.linear.default or weight is None:
+            continue
+        if weight.op == "get_attr":
+            holder, leaf = owner(gm, str(weight.target))
+            grids.append(min_max_grid_block(getattr(holder, leaf)))
+        if len(grids) == sample:
+            break
+    if len(set(grids)) != 1 or (grid := grids[0]) is None:
+        return
+    if grid != block or mapping is not GroupMapping.ASYMMETRIC:
+        log.warning(
+            "the weights sit on a 4-bit min/max grid in blocks of %d (a GGUF Q4_1 or GPTQ "
+            "checkpoint); 16a4w_block at blocks of %d, %s, rounds them a second time. Pass "
+            "--block-size %d --group-mapping asymmetric to keep them (docs/quantization.md)",
+            grid, block, mapping.value, grid,
+        )
+
+
 def _own_block_observers(quantizer: Any) -> None:
-    """Give each blocked node its own weight-observer constructor.
+    """Give each blocked node its own weight-observer constructor, an `LpbqWeightObserver`
+    (`lpbq_observer`: all 16 int4 levels, block scales as the HTP holds them).
 
     ExecuTorch 1.5.1's annotators write a node's block size into the keywords of the per-block
     config's observer constructor, one object shared by every blocked node, and the observers
@@ -130,13 +179,17 @@ def _own_block_observers(quantizer: Any) -> None:
     Harmless while every block was a linear's `(1, block)`; with 1x1 convolutions beside them
     a linear's 2-D weight would be observed in 4-D blocks (and a 3x3 convolution, when it was
     tried, in its successor's 1x1 blocks)."""
+    from qnn_quant.quantizers.lpbq_observer import lpbq_weight_spec
+
     shared = quantizer._get_quant_config
 
     def own(node: torch.fx.Node) -> Any:
         config = shared(node)
         if getattr(config, "block_size", None) is None:
             return config
-        return copy.deepcopy(config)
+        config = copy.deepcopy(config)
+        config.weight = lpbq_weight_spec(config.weight)
+        return config
 
     quantizer._get_quant_config = own
 
@@ -156,6 +209,7 @@ def configure(
     def quantized(node: torch.fx.Node) -> bool:
         return node.name not in float_nodes
 
+    _advise_on_grid(gm, block, mapping)
     offset_nodes: frozenset[str] = frozenset()
     if mapping is GroupMapping.ASYMMETRIC:
         offset_nodes = split_group_offsets(gm, block, quantized)

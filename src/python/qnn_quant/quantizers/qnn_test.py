@@ -4,11 +4,17 @@ from __future__ import annotations
 
 import operator
 
+import pytest
 import torch
 
 from qnn_common.llm_spec import MASK_VALUE
 from qnn_common.recipes import GroupMapping
-from qnn_quant.quantizers.lpbq import block_sizes, configure, split_group_offsets
+from qnn_quant.quantizers.lpbq import (
+    block_sizes,
+    configure,
+    min_max_grid_block,
+    split_group_offsets,
+)
 from qnn_quant.quantizers.qnn import _constant_masks_bounded, _integer_casts_as_adds
 
 
@@ -201,3 +207,29 @@ def test_configure_symmetric_and_float_layers() -> None:
     assert [n.name for n in _linears(gm)] == [odd.name]  # float: neither blocked nor rewritten
     assert len(sizes) == 4  # two convolutions and their weights
     torch.testing.assert_close(gm(x), expected, rtol=1e-4, atol=1e-4)
+
+
+def test_a_checkpoint_s_own_4_bit_grid_is_found_and_named(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    torch.manual_seed(0)
+    model = _Mlp()
+    with torch.no_grad():
+        for layer in (model.up, model.down, model.odd):
+            layer.weight.copy_(_q4_1_grid(layer.weight, 32))
+    assert min_max_grid_block(model.up.weight) == 32
+    assert min_max_grid_block(torch.randn(96, 64)) is None
+    x = torch.randn(2, 5, 64)
+
+    for block, mapping, warned in [
+        (16, GroupMapping.SYMMETRIC, True),
+        (32, GroupMapping.SYMMETRIC, True),
+        (32, GroupMapping.ASYMMETRIC, False),
+    ]:
+        caplog.clear()
+        gm = torch.export.export(model, (x,), strict=False).module()
+        configure(_Quantizer(), gm, block, mapping, frozenset(), "8-bit")
+        advice = [r.getMessage() for r in caplog.records if "min/max grid" in r.getMessage()]
+        assert bool(advice) is warned, (block, mapping)
+        if warned:
+            assert "--block-size 32 --group-mapping asymmetric" in advice[0]
