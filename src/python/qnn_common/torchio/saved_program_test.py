@@ -3,6 +3,7 @@ bytes saved (`programs.SavedProgram`)."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 
@@ -38,6 +39,20 @@ def _export(model: torch.nn.Module | None = None) -> torch.export.ExportedProgra
     torch.manual_seed(0)
     model = model or torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()).eval()
     return torch.export.export(model, (torch.randn(2, 4),))
+
+
+def test_the_bytes_do_not_depend_on_the_file_name_and_the_digest_is_theirs(
+    tmp_path: Path,
+) -> None:
+    # Written through a temp file (atomic), whose random name torch would put in the zip if it
+    # were given the path.
+    program = _export()
+    first = save_program(tmp_path / "a" / "program.pt2", program)
+    second = save_program(tmp_path / "b" / "other.pt2", program)
+    data = (tmp_path / "a" / "program.pt2").read_bytes()
+    assert data == (tmp_path / "b" / "other.pt2").read_bytes()
+    assert first.sha256 == second.sha256 == hashlib.sha256(data).hexdigest()
+    assert not [p for p in tmp_path.rglob("*") if p.is_file() and ".tmp" in p.name]
 
 
 def test_without_the_saved_program_every_load_reads_the_file(tmp_path: Path) -> None:
