@@ -91,11 +91,14 @@ def test_tiny_llama_16a4w_block_builds_and_matches_fake_quant(out: Path) -> None
     registered for q::GenPad"), and a blocked linear alone read -1.7 dB vs fake quant."""
     summary = _run(out, "16a4w_block")
     assert summary["generation"]["new_tokens"] == 8
-    assert summary["accuracy"]["sqnr_db_vs_fake_quant"] >= 28  # measured 33.3 dB
+    # Measured 65.4 dB; 33.3 dB while the fake-quantized model had float block scales, the HTP
+    # LPBQ's 4-bit ones (qnn_quant.quantizers.lpbq_observer), and the head was blocked too.
+    assert summary["accuracy"]["sqnr_db_vs_fake_quant"] >= 50
     (entry,) = (s for s in summary["stages"] if s["name"] == "quantize")
     quantized = load_manifest(Path(entry["artifact"]), expect_stage=Stage.QUANTIZE)
     kinds = quantized.metrics["quantized_op_kinds"]
-    assert kinds["conv2d"] == 2 * 15 and "linear" not in kinds  # 7 per layer + head, per method
+    # 7 per layer, per method; the output head keeps 8-bit weights (int8_weights' default).
+    assert kinds["conv2d"] == 2 * 14 and kinds["linear"] == 2
     (entry,) = (s for s in summary["stages"] if s["name"] == "compile")
     compiled = load_manifest(Path(entry["artifact"]), expect_stage=Stage.COMPILE)
     assert compiled.metrics["partitions"] == 2  # still the whole decoder per method

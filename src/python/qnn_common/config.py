@@ -197,8 +197,9 @@ class QuantizeConfig:
     # (qnn_common.recipes.GroupMapping). None: the recipe's default (default_group_mapping:
     # asymmetric for 8da4w, symmetric for 16a4w_block).
     group_mapping: GroupMapping | None = None
-    # 8da4w only: regexes over module paths of linear layers given int8 weights (one scale per
-    # output channel). None: the default (a causal LM's output head, recipes.DEFAULT_INT8_WEIGHTS).
+    # 8da4w and 16a4w_block: regexes over module paths of linear layers given 8-bit weights (one
+    # scale per output channel) instead of 4-bit groups or blocks. None: the default (a causal
+    # LM's output head, recipes.DEFAULT_INT8_WEIGHTS).
     int8_weights: tuple[str, ...] | None = None
     # 8da4w only: how embedding tables are stored (qnn_common.recipes.EmbeddingWeights).
     embedding_weights: EmbeddingWeights = DEFAULT_EMBEDDING_WEIGHTS
@@ -262,17 +263,19 @@ class QuantizeConfig:
                 f"the other; {self.recipe.value} does not: drop group_mapping or use --recipe "
                 "8da4w (CPU) or 16a4w_block (QNN)",
             )
-        if not self.recipe.is_dynamic:
-            for name, unset in (
-                ("int8_weights", None), ("embedding_weights", DEFAULT_EMBEDDING_WEIGHTS),
-            ):
-                if getattr(self, name) != unset:
-                    raise ConfigValidationError(
-                        f"quantize.{name}", getattr(self, name),
-                        f"only 8da4w has int8 layers among its 4-bit weight groups and "
-                        f"quantized embedding tables; "
-                        f"{self.recipe.value} does not: drop {name} or use --recipe 8da4w",
-                    )
+        if self.int8_weights is not None and not self.recipe.has_weight_groups:
+            raise ConfigValidationError(
+                "quantize.int8_weights", self.int8_weights,
+                f"only 8da4w's groups and 16a4w_block's blocks have 8-bit layers among their "
+                f"4-bit weights; {self.recipe.value} does not: drop int8_weights or use "
+                "--recipe 8da4w (CPU) or 16a4w_block (QNN)",
+            )
+        if not self.recipe.is_dynamic and self.embedding_weights != DEFAULT_EMBEDDING_WEIGHTS:
+            raise ConfigValidationError(
+                "quantize.embedding_weights", self.embedding_weights,
+                f"only 8da4w has quantized embedding tables; {self.recipe.value} does not: drop "
+                "embedding_weights or use --recipe 8da4w",
+            )
         if self.recipe.is_dynamic and not self.per_channel:
             raise ConfigValidationError(
                 "quantize.per_channel", False,

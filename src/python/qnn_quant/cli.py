@@ -74,8 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "block maxima; one GEMM). Default: asymmetric for 8da4w, symmetric "
                    "for 16a4w_block")
     p.add_argument("--int8-weights", action="append", metavar="REGEX",
-                   help="8da4w: give linear layers whose module path matches int8 weights, one "
-                   "scale per output channel (repeatable). Default: a causal LM's output head "
+                   help="8da4w and 16a4w_block: give linear layers whose module path matches "
+                   "8-bit weights, one scale per output channel, instead of 4-bit groups or "
+                   "LPBQ blocks (repeatable). Default: a causal LM's output head "
                    f"({', '.join(DEFAULT_INT8_WEIGHTS)}); --int8-weights '' for none")
     p.add_argument("--embedding-weights", choices=[e.value for e in EmbeddingWeights],
                    default=DEFAULT_EMBEDDING_WEIGHTS.value,

@@ -114,7 +114,7 @@ def test_the_output_head_gets_int8_weights_by_default() -> None:
     assert sqnr_db(ref, out) >= 30
 
 
-def test_group_mapping_belongs_to_grouped_recipes_and_int8_weights_to_8da4w() -> None:
+def test_group_mapping_and_int8_weights_belong_to_grouped_recipes() -> None:
     # A TOML file or the CLI hands the value over as a string.
     as_text: Any = "symmetric"
     assert QuantizeConfig(recipe=Recipe.A8DW4, group_mapping=as_text).group_mapping is (
@@ -128,8 +128,10 @@ def test_group_mapping_belongs_to_grouped_recipes_and_int8_weights_to_8da4w() ->
     assert default_group_mapping(Recipe.A16W4_BLOCK) is GroupMapping.SYMMETRIC
     with pytest.raises(ConfigValidationError, match="only 8da4w's groups and 16a4w_block's"):
         QuantizeConfig(recipe=Recipe.A8W8, group_mapping=GroupMapping.SYMMETRIC)
-    with pytest.raises(ConfigValidationError, match="only 8da4w"):
+    with pytest.raises(ConfigValidationError, match="only 8da4w's groups and 16a4w_block's"):
         QuantizeConfig(recipe=Recipe.A8W8, int8_weights=("lm_head",))
+    assert QuantizeConfig(backend=Backend.QNN, recipe=Recipe.A16W4_BLOCK, soc="SM8650",
+                          int8_weights=("lm_head",)).int8_weights == ("lm_head",)
     with pytest.raises(ConfigValidationError, match="group_mapping"):
         QuantizeConfig(recipe=Recipe.A8DW4, group_mapping=cast(Any, "sideways"))
 

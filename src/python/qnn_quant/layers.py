@@ -41,7 +41,13 @@ import torch
 
 from qnn_common.config import regex_list
 from qnn_common.errors import ConfigValidationError
-from qnn_common.recipes import BACKENDS, Backend, Recipe, check_dynamic_layers
+from qnn_common.recipes import (
+    BACKENDS,
+    DEFAULT_INT8_WEIGHTS,
+    Backend,
+    Recipe,
+    check_dynamic_layers,
+)
 from qnn_common.target import Target
 
 # The FFN down projections that write the outliers.
@@ -151,6 +157,16 @@ def compile_patterns(patterns: Sequence[str], field: str) -> list[re.Pattern[str
     if isinstance(patterns, str):
         patterns = (patterns,)
     return [re.compile(p) for p in regex_list(field, tuple(patterns)) or ()]
+
+
+def int8_linears(gm: torch.fx.GraphModule, int8_weights: Sequence[str] | None) -> frozenset[str]:
+    """Names of the linear nodes of `gm` whose module path matches an `int8_weights` regex
+    (None: `recipes.DEFAULT_INT8_WEIGHTS`, a causal LM's output head): 16a4w_block gives them
+    8-bit weights per channel instead of LPBQ blocks, as 8da4w does (`qnn_quant.intx`)."""
+    patterns = compile_patterns(
+        DEFAULT_INT8_WEIGHTS if int8_weights is None else int8_weights, "quantize.int8_weights"
+    )
+    return frozenset(_nodes_under(gm, patterns, (torch.ops.aten.linear.default,)))
 
 
 def module_path(node: torch.fx.Node) -> str | None:

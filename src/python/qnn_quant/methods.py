@@ -133,6 +133,7 @@ def quantize_causal_lm(
         method: prepare_program(
             ep, target=target, recipe=recipe, per_channel=per_channel, block_size=block_size,
             group_mapping=group_mapping, graph_module=graphs[method], plan=plans[method],
+            int8_weights=int8_weights,
         )
         for method, ep in programs.items()
     }

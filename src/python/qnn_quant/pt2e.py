@@ -45,7 +45,7 @@ from qnn_common.torchio.samples import ModelInputs, as_model_inputs
 from qnn_quant.gptq import GptqResult, pin_weight_scales, round_weights
 from qnn_quant.graph_rewrites import constant_matmuls_as_linear, constant_weight_views_folded
 from qnn_quant.intx import IntxResult, quantize_program_8da4w
-from qnn_quant.layers import LayerPlan, plan_layers
+from qnn_quant.layers import LayerPlan, int8_linears, plan_layers
 from qnn_quant.quantized_ops import NothingQuantizedError, is_observer, quantized_op_count
 from qnn_quant.quantizers import QuantizerSpec, decomposed_before_annotation, quantizer_for
 
@@ -146,6 +146,7 @@ def quantize_program_with_gptq(
         prepared = prepare_program(
             ep, target=target, recipe=recipe, per_channel=per_channel, block_size=block_size,
             group_mapping=group_mapping, graph_module=graph_module, plan=plan,
+            int8_weights=int8_weights,
         )
         run(prepared, "calibrate")
     if result is not None:
@@ -228,10 +229,12 @@ def prepare_program(
     dynamic_layers: Sequence[str] | None = None,
     graph_module: torch.fx.GraphModule | None = None,
     plan: LayerPlan | None = None,
+    int8_weights: Sequence[str] | None = None,
 ) -> torch.fx.GraphModule:
     """`ep` with the target's observers inserted (torchao `prepare_pt2e`), ready to calibrate.
 
-    The recipe is checked against the target first; see `quantize_program` for the arguments.
+    The recipe is checked against the target first; see `quantize_program` for the arguments
+    (`int8_weights`: 16a4w_block's linears with 8-bit weights, `layers.int8_linears`).
     `graph_module`: `float_graph(ep)` when the caller already has it (e.g. GPTQ-rounded);
     `plan`: its `qnn_quant.layers.plan_layers`, which then replaces keep_float / dynamic_layers.
     """
@@ -247,6 +250,7 @@ def prepare_program(
     spec = QuantizerSpec(
         target, recipe, per_channel, block_size, plan.float_nodes, plan.dynamic_nodes,
         group_mapping or default_group_mapping(recipe),
+        int8_linears(graph_module, int8_weights) if recipe is Recipe.A16W4_BLOCK else frozenset(),
     )
     quantizer = quantizer_for(spec, graph_module)
     # The QNN quantizer print()s a line per node of an op it has no config for (dropout...).

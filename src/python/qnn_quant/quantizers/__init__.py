@@ -19,7 +19,8 @@ class QuantizerSpec:
 
     `float_nodes` names the graph nodes to leave in float, `dynamic_nodes` the linear nodes whose
     activations are quantized at run time (`qnn_quant.layers`); `block_size` and
-    `group_mapping` matter to 16a4w_block (LPBQ) only (8da4w does not use a PT2E quantizer).
+    `group_mapping` matter to 16a4w_block (LPBQ) only (8da4w does not use a PT2E quantizer), and
+    so does `int8_nodes`, the linear nodes given 8-bit weights per channel instead of blocks.
     """
 
     target: Target
@@ -29,6 +30,7 @@ class QuantizerSpec:
     float_nodes: frozenset[str] = frozenset()
     dynamic_nodes: frozenset[str] = frozenset()
     group_mapping: GroupMapping = GroupMapping.SYMMETRIC  # default_group_mapping(16a4w_block)
+    int8_nodes: frozenset[str] = frozenset()
 
 
 class QuantizerProvider(Protocol):

@@ -201,22 +201,26 @@ def configure(
     mapping: GroupMapping,
     float_nodes: frozenset[str],
     offsets_config: Any,
+    int8_nodes: frozenset[str] = frozenset(),
 ) -> dict[str, tuple[int, ...]]:
     """Rewrite `gm` for LPBQ and set `quantizer`'s block sizes (module docstring); the sizes,
-    empty when nothing is blockable. `offsets_config` (a QNN ModuleQConfig) quantizes the
-    group-sum and group-offset linears."""
+    empty when nothing is blockable. `offsets_config` (a QNN ModuleQConfig, 8-bit weights per
+    channel) quantizes the group-sum and group-offset linears, and the `int8_nodes` linears,
+    which are not blocked (a causal LM's output head: the tied embedding table, on no 4-bit
+    grid, whose 4-bit blocks cost SmolLM2 more perplexity than all its other linears')."""
 
     def quantized(node: torch.fx.Node) -> bool:
-        return node.name not in float_nodes
+        return node.name not in float_nodes and node.name not in int8_nodes
 
     _advise_on_grid(gm, block, mapping)
     offset_nodes: frozenset[str] = frozenset()
     if mapping is GroupMapping.ASYMMETRIC:
         offset_nodes = split_group_offsets(gm, block, quantized)
-        if offset_nodes:
-            quantizer.set_submodule_qconfig_list(
-                [(lambda node: node.name in offset_nodes, offsets_config)]
-            )
+    eight_bit = offset_nodes | (int8_nodes - float_nodes)
+    if eight_bit:
+        quantizer.set_submodule_qconfig_list(
+            [(lambda node: node.name in eight_bit, offsets_config)]
+        )
     convs = linears_as_pointwise_convs(
         gm,
         lambda node: node.name not in offset_nodes and quantized(node)
@@ -224,7 +228,7 @@ def configure(
     )
     if convs:
         log.info("%d blockable linears run as 1x1 convolutions (LPBQ)", len(convs))
-    sizes = block_sizes(gm, block, skip=offset_nodes | float_nodes)
+    sizes = block_sizes(gm, block, skip=eight_bit | float_nodes)
     if sizes:
         quantizer.set_block_size_map(sizes)
         _own_block_observers(quantizer)

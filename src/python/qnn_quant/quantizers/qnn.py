@@ -197,7 +197,8 @@ def quantizer(spec: QuantizerSpec, gm: torch.fx.GraphModule) -> Any:
             act_observer=MinMaxObserver,
         )
         sizes = lpbq.configure(
-            quantizer, gm, spec.block_size, spec.group_mapping, spec.float_nodes, offsets_config
+            quantizer, gm, spec.block_size, spec.group_mapping, spec.float_nodes, offsets_config,
+            spec.int8_nodes,
         )
         if not sizes:
             raise ConfigValidationError(

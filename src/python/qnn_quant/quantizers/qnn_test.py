@@ -233,3 +233,21 @@ def test_a_checkpoint_s_own_4_bit_grid_is_found_and_named(
         assert bool(advice) is warned, (block, mapping)
         if warned:
             assert "--block-size 32 --group-mapping asymmetric" in advice[0]
+
+
+def test_int8_linears_are_neither_blocked_nor_split_and_get_8_bit_weights() -> None:
+    torch.manual_seed(0)
+    x = torch.randn(2, 5, 64)
+    gm = torch.export.export(_Mlp(), (x,), strict=False).module()
+    (up, down, odd) = _linears(gm)
+    quantizer = _Quantizer()
+
+    sizes = configure(quantizer, gm, 32, GroupMapping.ASYMMETRIC, frozenset(), "8-bit",
+                      frozenset({odd.name}))
+
+    convs = [n for n in gm.graph.nodes if n.target == torch.ops.aten.conv2d.default]
+    assert len(convs) == 2 and odd.name not in sizes and odd in _linears(gm)
+    assert callable(quantizer.offset_rule) and quantizer.offset_rule(odd)
+    assert not any(quantizer.offset_rule(c) for c in convs)
+    # The offsets of the two blocked linears: a group sum and a group offset each.
+    assert len(_linears(gm)) == 1 + 4
