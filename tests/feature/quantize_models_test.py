@@ -334,8 +334,13 @@ def test_qnn_16a4w_block_uses_block_weights(
     # Every linear of the decoder blocked, run as a 1x1 convolution (qnn_quant.quantizers.lpbq).
     convs = [n for n in quantized.graph.nodes if n.target == torch.ops.aten.conv2d.default]
     assert len(convs) == len(blocks_of(quantized))
-    # Symmetric blocks, the default: no linear is left.
-    assert not any(n.target == torch.ops.aten.linear.default for n in quantized.graph.nodes)
+    # Symmetric blocks, the default: no linear is left but the output head, 8-bit per channel
+    # (int8_weights' default).
+    (head,) = (n for n in quantized.graph.nodes if n.target == torch.ops.aten.linear.default)
+    weight = head.args[1]
+    assert isinstance(weight, torch.fx.Node)
+    assert weight.target == torch.ops.quantized_decomposed.dequantize_per_channel.default
+    assert weight.args[-1] == torch.int8
     ref = _run(ep, calibration[0]).numpy()
     assert sqnr_db(ref, _run(quantized, calibration[0]).numpy()) > 10.0
 
