@@ -161,6 +161,34 @@ def load(cache: Path) -> tuple[Any, list[int]]:
     return model.eval(), json.loads((cache / "ids.json").read_text())
 
 
+@dataclass(frozen=True)
+class Scoring:
+    """Disjoint windows of the shipped text, each from position 0 (every position scored), the
+    fp32 model's logits on them, and its perplexity."""
+
+    windows: list[torch.Tensor]
+    ref: torch.Tensor
+    keep: torch.Tensor  # rows of the logits with a next token (not a window's last position)
+    targets: torch.Tensor
+    fp32_ppl: float
+
+    @classmethod
+    def of(cls, model: nn.Module, ids: list[int], count: int, length: int) -> Scoring:
+        windows = [
+            torch.tensor(ids[i * length : (i + 1) * length], dtype=torch.int64)
+            for i in range(count)
+        ]
+        windows = [w for w in windows if len(w) == length]
+        ref = logits_of(model, windows)
+        keep = torch.cat([torch.arange(len(w) - 1) + i * len(w) for i, w in enumerate(windows)])
+        targets = torch.cat([w[1:] for w in windows])
+        ppl = math.exp(float(nn.functional.cross_entropy(ref[keep], targets)))
+        return cls(windows, ref, keep, targets, ppl)
+
+    def perplexity(self, logits: torch.Tensor) -> float:
+        return math.exp(float(nn.functional.cross_entropy(logits[self.keep], self.targets)))
+
+
 def _fake_quant_tokens(x: torch.Tensor) -> torch.Tensor:
     """Per-token asymmetric int8 quantize + dequantize, as torchao's 8da4w activations."""
     lo = x.amin(-1, keepdim=True).clamp(max=0)
@@ -240,17 +268,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     names = list(VARIANTS) if args.variants == ["all"] else args.variants
     model, ids = load(args.cache)
-    # Disjoint windows of the text, each from position 0: every position is scored.
-    windows = [
-        torch.tensor(ids[i * args.length : (i + 1) * args.length], dtype=torch.int64)
-        for i in range(args.windows)
-    ]
-    windows = [w for w in windows if len(w) == args.length]
-    ref = logits_of(model, windows)
-    # Next-token targets per window; the last position of each has none (dropped).
-    keep = torch.cat([torch.arange(len(w) - 1) + i * len(w) for i, w in enumerate(windows)])
-    targets = torch.cat([w[1:] for w in windows])
-    fp32_ppl = math.exp(float(torch.nn.functional.cross_entropy(ref[keep], targets)))
+    text = Scoring.of(model, ids, args.windows, args.length)
+    windows, ref, fp32_ppl = text.windows, text.ref, text.fp32_ppl
     print(f"fp32: {sum(len(w) for w in windows)} tokens, perplexity {fp32_ppl:.3f}", flush=True)
     print(f"{'variant':28s} {'linears':>7s} {'argmax':>7s} {'SQNR dB':>8s} {'cosine':>7s} "
           f"{'ppl':>8s} {'ppl/fp32':>8s} {'s':>5s}", flush=True)
@@ -259,8 +278,7 @@ def main() -> None:
         quantized = copy.deepcopy(model)
         n = apply(quantized, VARIANTS[name])
         out = logits_of(quantized, windows)
-        nll = float(torch.nn.functional.cross_entropy(out[keep], targets))
-        m = {**metrics(ref, out), "ppl": math.exp(nll)}
+        m = {**metrics(ref, out), "ppl": text.perplexity(out)}
         print(f"{name:28s} {n:7d} {m['argmax']:7.3f} {m['sqnr_db']:8.2f} {m['cosine']:7.4f} "
               f"{m['ppl']:8.3f} {m['ppl'] / fp32_ppl:8.3f} {time.perf_counter() - t:5.0f}",
               flush=True)

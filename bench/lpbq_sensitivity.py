@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import argparse
 import copy
-import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from intx_sensitivity import load, logits_of, metrics
+from intx_sensitivity import Scoring, load, logits_of, metrics
 from torch import nn
 
 from qnn_quant.quantizers.lpbq_observer import lpbq_scales
@@ -83,15 +82,8 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     model, ids = load(args.cache)
-    windows = [
-        torch.tensor(ids[i * args.length : (i + 1) * args.length], dtype=torch.int64)
-        for i in range(args.windows)
-    ]
-    windows = [w for w in windows if len(w) == args.length]
-    ref = logits_of(model, windows)
-    keep = torch.cat([torch.arange(len(w) - 1) + i * len(w) for i, w in enumerate(windows)])
-    targets = torch.cat([w[1:] for w in windows])
-    fp32_ppl = math.exp(float(nn.functional.cross_entropy(ref[keep], targets)))
+    text = Scoring.of(model, ids, args.windows, args.length)
+    windows, ref, fp32_ppl = text.windows, text.ref, text.fp32_ppl
     print(f"fp32: {sum(len(w) for w in windows)} tokens, perplexity {fp32_ppl:.3f}; "
           f"blocks of {args.block}", flush=True)
     print(f"{'variant':38s} {'head':>5s} {'argmax':>7s} {'SQNR dB':>8s} {'ppl':>8s} "
@@ -110,7 +102,7 @@ def main() -> None:
                     held = lpbq_weight(module.weight.detach(), variant, args.block)
                     module.weight = nn.Parameter(held, requires_grad=False)
             out = logits_of(quantized, windows)
-            ppl = math.exp(float(nn.functional.cross_entropy(out[keep], targets)))
+            ppl = text.perplexity(out)
             m = metrics(ref, out)
             print(f"{name:38s} {head:>5s} {m['argmax']:7.3f} {m['sqnr_db']:8.2f} {ppl:8.3f} "
                   f"{ppl / fp32_ppl:8.3f} {time.perf_counter() - t:4.0f}", flush=True)

@@ -17,6 +17,7 @@ value is dequantized first.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -41,10 +42,9 @@ def _dtype(node: Any) -> torch.dtype | None:
     return val.dtype if isinstance(val, torch.Tensor) else None
 
 
-def dropped_truncations(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
-    """The float-to-integer casts of `gm` whose result feeds another cast, in a float graph."""
+def _float_to_int_casts(gm: torch.fx.GraphModule) -> Iterator[tuple[torch.fx.Node, Any]]:
+    """Each cast of `gm` from a float to an integer dtype other than bool, with its source."""
     casts = _casts()
-    found = []
     for node in gm.graph.nodes:
         if node.op != "call_function" or node.target not in casts or not node.args:
             continue
@@ -52,13 +52,22 @@ def dropped_truncations(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
         src = _dtype(source)
         if src is None or out is None or not src.is_floating_point or out.is_floating_point:
             continue
-        if out == torch.bool or _TRUNCATED in node.meta or QUANT_ATTRS in node.meta or (
-            isinstance(source, torch.fx.Node) and QUANT_ATTRS in source.meta
-        ):
-            continue
-        if any(user.op == "call_function" and user.target in casts for user in node.users):
-            found.append(node)
-    return found
+        if out != torch.bool:
+            yield node, source
+
+
+def _quantized(node: Any) -> bool:
+    return isinstance(node, torch.fx.Node) and QUANT_ATTRS in node.meta
+
+
+def dropped_truncations(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
+    """The float-to-integer casts of `gm` whose result feeds another cast, in a float graph."""
+    casts = _casts()
+    return [
+        node for node, source in _float_to_int_casts(gm)
+        if _TRUNCATED not in node.meta and not _quantized(node) and not _quantized(source)
+        and any(user.op == "call_function" and user.target in casts for user in node.users)
+    ]
 
 
 def truncate_before_int_casts(gm: torch.fx.GraphModule) -> int:
@@ -95,18 +104,7 @@ def truncate_before_int_casts(gm: torch.fx.GraphModule) -> int:
 def code_casts(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
     """The casts of `gm` from a quantized float (its source carries QNN's encoding) to an
     integer."""
-    casts = _casts()
-    found = []
-    for node in gm.graph.nodes:
-        if node.op != "call_function" or node.target not in casts or not node.args:
-            continue
-        source, out = node.args[0], _dtype(node)
-        src = _dtype(source)
-        if src is None or out is None or not src.is_floating_point or out.is_floating_point:
-            continue
-        if out != torch.bool and isinstance(source, torch.fx.Node) and QUANT_ATTRS in source.meta:
-            found.append(node)
-    return found
+    return [node for node, source in _float_to_int_casts(gm) if _quantized(source)]
 
 
 def keep_code_casts_on_cpu(gm: torch.fx.GraphModule) -> PassResult:
