@@ -15,7 +15,7 @@ float scales. Two losses follow, both fixed here:
   the scale the HTP multiplies them by, and the builder's own rounding of these scales is exact.
 
 Eager SmolLM2-135M with these weights (float activations, bench/lpbq_sensitivity.py) shows the
-size of each; docs/quantization.md has the numbers.
+size of each; docs/llm.md has the numbers.
 """
 
 from __future__ import annotations
