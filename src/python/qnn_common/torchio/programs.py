@@ -2,9 +2,8 @@
 
 Every `.pt2` goes through `check_pt2_archive`, whose checked copy is all torch's loader sees: a
 program may come from a user, and a pickle from outside must never execute code. A program is
-serialized straight into an open temp file, renamed once complete: torch names the zip's inner
-folder after a path it is given, never after a file object, so the temp name does not reach the
-bytes, and no second copy of the weights is held in memory. A stage's programs travel to the
+serialized in memory and written atomically (torch names the zip's inner folder after the file
+it writes, so a temp file's random name would reach the bytes). A stage's programs travel to the
 next stage in memory as well (`SavedProgram`) when both run in one process.
 """
 
@@ -12,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import hashlib
 import importlib
 import io
 import logging
@@ -23,7 +23,7 @@ import torch
 
 from qnn_common.errors import ArtifactError
 from qnn_common.llm_spec import LLM_CUSTOM_OPS_MODULE
-from qnn_common.store.atomic import atomic_path
+from qnn_common.store.atomic import atomic_write_bytes
 from qnn_common.store.hashing import sha256_file
 from qnn_common.torchio import serde_speed
 from qnn_common.torchio.known_weights import buffers_written, reusable_tensors, reusing_weights
@@ -59,12 +59,11 @@ def save_program(path: Path, program: torch.export.ExportedProgram) -> SavedProg
     The caller must not change the program after saving if it hands the result on.
     """
     _stable_provenance(program)
-    # A file object, not the temp path (module docstring); not a BytesIO either: its buffer and
-    # the bytes read from it were two more copies of the weights (a 1B decoder's prepare peaked
-    # at twice its weights while saving).
-    with atomic_path(path) as tmp, open(tmp, "wb") as fh:
-        torch.export.save(program, fh)
-    return SavedProgram(program, sha256_file(path))
+    buffer = io.BytesIO()
+    torch.export.save(program, buffer)
+    data = buffer.getvalue()
+    atomic_write_bytes(path, data)
+    return SavedProgram(program, hashlib.sha256(data).hexdigest())
 
 
 def handed_on(saved: Mapping[str, SavedProgram]) -> dict[str, SavedProgram]:
