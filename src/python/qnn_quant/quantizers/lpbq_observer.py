@@ -45,7 +45,9 @@ def lpbq_scales(scales: torch.Tensor, bits: int = BLOCK_SCALE_BITS) -> torch.Ten
     return rounded
 
 
-class LpbqWeightObserver(PerBlockParamObserver):  # type: ignore[misc]  # untyped upstream base
+# ExecuTorch is checked as Any (mypy.ini: follow_imports = skip), so subclassing its observer is
+# "subclass of Any" to mypy; the observer API (forward / calculate_qparams) is what PT2E calls.
+class LpbqWeightObserver(PerBlockParamObserver):  # type: ignore[misc]
     """PerBlockParamObserver on -8..7 with no clipping, returning LPBQ-rounded block scales."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
