@@ -1,5 +1,5 @@
 """docs/configuration.md, generated from the stage config dataclasses: every TOML key of every
-table, its type, its default, and the comment written above the field in `config.py`.
+table, its type, its default, and the comment written above the field in `qnn_common/config/`.
 
     ./pants run src/python/qnn_common/config_reference.py -- docs/configuration.md
 
@@ -67,7 +67,7 @@ def render() -> str:
     lines = [
         "# Configuration reference",
         "",
-        "Generated from the config dataclasses in `src/python/qnn_common/config.py` by",
+        "Generated from the config dataclasses in `src/python/qnn_common/config/` by",
         "`./pants run src/python/qnn_common/config_reference.py -- docs/configuration.md`; do not",
         "edit by hand. Each table of a pipeline TOML file (`--config`) takes these keys; flags",
         "override them. The `[pipeline]` table and a commented example are in",

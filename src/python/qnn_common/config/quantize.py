@@ -1,0 +1,158 @@
+"""The quantize stage's config: the quantizer (backend, SoC), the recipe and its options."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from qnn_common.config.checks import (
+    normalize_enums,
+    positive,
+    regex_list,
+    soc_or_none,
+)
+from qnn_common.errors import ConfigValidationError
+from qnn_common.recipes import (
+    DEFAULT_EMBEDDING_WEIGHTS,
+    DEFAULT_GROUP_SIZE,
+    Backend,
+    EmbeddingWeights,
+    GroupMapping,
+    Recipe,
+    WeightRounding,
+    check_dynamic_layers,
+    check_group_size,
+    check_recipe,
+    check_weight_rounding,
+    default_weight_rounding,
+    parse_enum,
+)
+from qnn_common.soc import Soc
+from qnn_common.target import Target
+
+# LPBQ block along a linear weight's input dimension (upstream's Llama export uses the same).
+DEFAULT_LPBQ_BLOCK = 16
+
+
+@dataclass(frozen=True)
+class QuantizeConfig:
+    """Post-training quantization: which quantizer (backend, SoC) and which recipe."""
+
+    backend: Backend = Backend.XNNPACK
+    recipe: Recipe = Recipe.A8W8
+    soc: str | None = None
+    # Weights with one scale per output channel (False: one per tensor).
+    per_channel: bool = True
+    # 16a4w_block (LPBQ) only: weights share a scale in blocks of this many input channels.
+    block_size: int = DEFAULT_LPBQ_BLOCK
+    # 8da4w only: input channels per 4-bit weight scale (qnn_common.recipes.DEFAULT_GROUP_SIZE).
+    group_size: int = DEFAULT_GROUP_SIZE
+    # 8da4w and 16a4w_block: how a 4-bit group's (or LPBQ block's) levels map to values
+    # (qnn_common.recipes.GroupMapping). None: the recipe's default (default_group_mapping:
+    # asymmetric for 8da4w, symmetric for 16a4w_block).
+    group_mapping: GroupMapping | None = None
+    # 8da4w and 16a4w_block: regexes over module paths of linear layers given 8-bit weights (one
+    # scale per output channel) instead of 4-bit groups or blocks. None: the default (a causal
+    # LM's output head, recipes.DEFAULT_INT8_WEIGHTS).
+    int8_weights: tuple[str, ...] | None = None
+    # 8da4w only: how embedding tables are stored (qnn_common.recipes.EmbeddingWeights).
+    embedding_weights: EmbeddingWeights = DEFAULT_EMBEDDING_WEIGHTS
+    # The worst layers (by SQNR vs fp32) to report; 0 skips the per-layer pass.
+    report_layers: int = 10
+    # Regexes over nn.Module paths of layers to leave in float. None: the default
+    # (qnn_quant.layers: BERT-style outlier layers at 8-bit activations on xnnpack / portable,
+    # none on qnn); () quantizes everything. A float linear on qnn is refused.
+    keep_float: tuple[str, ...] | None = None
+    # Regexes over nn.Module paths of linear layers whose activations are quantized at run time
+    # (XNNPACK, portable). None: the default (encoder blocks' linears at 8-bit activations).
+    dynamic_layers: tuple[str, ...] | None = None
+    # None: the default (GPTQ for 4-bit per-channel weights, nearest otherwise).
+    weight_rounding: WeightRounding | None = None
+
+    def __post_init__(self) -> None:
+        normalize_enums(self, "quantize")
+        if self.weight_rounding is not None and not isinstance(
+            self.weight_rounding, WeightRounding
+        ):
+            object.__setattr__(self, "weight_rounding", parse_enum(
+                WeightRounding, str(self.weight_rounding), "quantize.weight_rounding"))
+        if not isinstance(self.embedding_weights, EmbeddingWeights):
+            object.__setattr__(self, "embedding_weights", parse_enum(
+                EmbeddingWeights, str(self.embedding_weights), "quantize.embedding_weights"))
+        if self.group_mapping is not None and not isinstance(self.group_mapping, GroupMapping):
+            object.__setattr__(self, "group_mapping", parse_enum(
+                GroupMapping, str(self.group_mapping), "quantize.group_mapping"))
+        for name in ("keep_float", "dynamic_layers", "int8_weights"):
+            object.__setattr__(self, name, regex_list(f"quantize.{name}", getattr(self, name)))
+        if self.dynamic_layers is not None:
+            check_dynamic_layers(self.backend, self.dynamic_layers, "quantize.dynamic_layers")
+            if self.recipe.is_dynamic and self.dynamic_layers:
+                raise ConfigValidationError(
+                    "quantize.dynamic_layers", list(self.dynamic_layers),
+                    f"{self.recipe.value} quantizes every linear layer's activations at run "
+                    "time already; leave dynamic_layers unset (keep_float still leaves layers "
+                    "float)",
+                )
+        if not self.recipe.is_quantized:
+            raise ConfigValidationError(
+                "quantize.recipe",
+                self.recipe.value,
+                "a float recipe needs no quantization; skip the quantize stage instead",
+                allowed=tuple(r.value for r in Recipe if r.is_quantized),
+            )
+        check_recipe(self.backend, self.recipe, soc_or_none(self.soc, "quantize.soc"),
+                     "quantize.recipe")
+        positive("quantize.report_layers", self.report_layers, minimum=0)
+        positive("quantize.block_size", self.block_size, minimum=2)
+        if self.block_size != DEFAULT_LPBQ_BLOCK and self.recipe is not Recipe.A16W4_BLOCK:
+            raise ConfigValidationError(
+                "quantize.block_size", self.block_size,
+                "only the 16a4w_block (LPBQ) recipe quantizes weights in blocks",
+            )
+        check_group_size(self.backend, self.recipe, self.group_size, "quantize.group_size")
+        if self.group_mapping is not None and not self.recipe.has_weight_groups:
+            raise ConfigValidationError(
+                "quantize.group_mapping", self.group_mapping.value,
+                f"only 8da4w's groups and 16a4w_block's blocks map 4-bit levels one way or "
+                f"the other; {self.recipe.value} does not: drop group_mapping or use --recipe "
+                "8da4w (CPU) or 16a4w_block (QNN)",
+            )
+        if self.int8_weights is not None and not self.recipe.has_weight_groups:
+            raise ConfigValidationError(
+                "quantize.int8_weights", self.int8_weights,
+                f"only 8da4w's groups and 16a4w_block's blocks have 8-bit layers among their "
+                f"4-bit weights; {self.recipe.value} does not: drop int8_weights or use "
+                "--recipe 8da4w (CPU) or 16a4w_block (QNN)",
+            )
+        if not self.recipe.is_dynamic and self.embedding_weights != DEFAULT_EMBEDDING_WEIGHTS:
+            raise ConfigValidationError(
+                "quantize.embedding_weights", self.embedding_weights,
+                f"only 8da4w has quantized embedding tables; {self.recipe.value} does not: drop "
+                "embedding_weights or use --recipe 8da4w",
+            )
+        if self.recipe.is_dynamic and not self.per_channel:
+            raise ConfigValidationError(
+                "quantize.per_channel", False,
+                f"{self.recipe.value} gives its weights one scale per group of group_size input "
+                "channels of each output channel; drop --per-tensor (a larger group_size "
+                "means fewer scales)",
+            )
+        check_weight_rounding(self.recipe, self.rounding, self.per_channel,
+                              "quantize.weight_rounding")
+        _ = self.target  # validates backend / soc together
+
+    @property
+    def rounding(self) -> WeightRounding:
+        """The weight rounding in effect: the one asked for, else the recipe's default."""
+        if self.weight_rounding is None:
+            return default_weight_rounding(self.recipe, self.per_channel)
+        return self.weight_rounding
+
+    @property
+    def soc_info(self) -> Soc | None:
+        return soc_or_none(self.soc, "quantize.soc")
+
+    @property
+    def target(self) -> Target:
+        """The target the quantizer prepares the program for."""
+        return Target(self.backend, self.soc_info)
+
