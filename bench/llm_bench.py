@@ -21,13 +21,13 @@ import argparse
 import dataclasses
 import json
 import os
-import platform
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
+from host import describe_host
 from stage_process import run_stage
 from tables import render
 
@@ -46,8 +46,10 @@ PROMPT = "Once upon a time"
 PEER = Path(__file__).with_name("llama_cpp_peer.py")
 
 
-def _eager_decode_tokens_per_s(model_dir: Path, new_tokens: int, runs: int) -> float:
-    """Greedy HF generate: tokens after the first per second (prefill timed separately)."""
+def _eager(model_dir: Path, new_tokens: int, runs: int) -> tuple[float, list[int]]:
+    """Greedy HF generate: tokens after the first per second (prefill timed separately), and the
+    tokens it picks after the prompt when left to stop at its end-of-sequence token (the timed
+    calls are held to `new_tokens`, which changes what follows a suppressed stop)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(str(model_dir)).eval()
@@ -65,10 +67,23 @@ def _eager_decode_tokens_per_s(model_dir: Path, new_tokens: int, runs: int) -> f
                            do_sample=False, pad_token_id=pad)
             rest = time.perf_counter() - t - first
             best = max(best, (new_tokens - 1) / rest)
-    return best
+        greedy = model.generate(ids, max_new_tokens=new_tokens, do_sample=False, pad_token_id=pad)
+    return best, [int(t) for t in greedy[0, ids.shape[1]:]]
 
 
-def _run(model: str, recipe: str, work: Path, args: argparse.Namespace) -> dict[str, Any]:
+def same_leading_tokens(ours: list[int], eager: list[int]) -> dict[str, int]:
+    """How many of our first tokens are eager's, of how many we generated."""
+    same = 0
+    for a, b in zip(ours, eager, strict=False):
+        if a != b:
+            break
+        same += 1
+    return {"same": same, "of": len(ours)}
+
+
+def _run(
+    model: str, recipe: str, work: Path, args: argparse.Namespace, eager_tokens: list[int]
+) -> dict[str, Any]:
     shapes = ["--max-seq-len", str(args.max_seq_len), "--prefill-len", str(args.prefill_len)]
     prep, quant, comp, inf = (work / recipe / s
                               for s in ("prepare", "quantize", "compile", "infer"))
@@ -103,6 +118,8 @@ def _run(model: str, recipe: str, work: Path, args: argparse.Namespace) -> dict[
     metrics = json.loads((inf / "manifest.json").read_text())["metrics"]
     row["generation"] = {k: metrics["generation"][k] for k in (
         "ttft_ms", "prefill_tokens_per_s", "decode_tokens_per_s", "new_tokens")}
+    # Greedy both: an fp32 program generates eager's tokens; a quantized one, a prefix of them.
+    row["tokens_vs_eager"] = same_leading_tokens(metrics["generation"]["token_ids"], eager_tokens)
     row["argmax_agreement_vs_eager"] = metrics["accuracy"]["vs_fp32"]["argmax_agreement"]
     row["perplexity"] = metrics["accuracy"]["perplexity"]  # held-out text: fp32, fake quant, .pte
     row["sqnr_db"] = {k: round(metrics["accuracy"][k]["sqnr_db"], 1)  # teacher-forced logits
@@ -185,14 +202,14 @@ def main() -> None:
             model_dir = save_smollm2(work / "hf")
         else:
             model_dir = Path(args.model)
-        eager = _eager_decode_tokens_per_s(model_dir, args.new_tokens, args.runs)
+        eager, eager_tokens = _eager(model_dir, args.new_tokens, args.runs)
         # First: a peer that cannot run fails the bench before minutes of compiles.
         peer = None if not args.llama_cpp_python else _llama_cpp(
             args.llama_cpp_python, model_dir, args)
-        rows = [_run(args.model, r, work, args) for r in args.recipes]
+        rows = [_run(args.model, r, work, args, eager_tokens) for r in args.recipes]
     result = {
         "bench": "llm",
-        "model": args.model, "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+        "model": args.model, "machine": describe_host(),
         "date": time.strftime("%Y-%m-%d"), "torch": torch.__version__,
         "backend": args.backend, "soc": args.soc if args.backend == "qnn" else None,
         "threads": args.threads, "eager_decode_tokens_per_s": round(eager, 1), "rows": rows,

@@ -91,13 +91,14 @@ def llm(result: Mapping[str, Any]) -> str:
     eager, peer = result["eager_decode_tokens_per_s"], result.get("llama_cpp")
     lines = [
         "| recipe | decode tok/s | vs eager | vs llama.cpp | prefill tok/s | TTFT ms "
-        "| argmax vs eager | perplexity (eager fp32) | .pte bytes "
+        "| greedy tokens = eager's | argmax vs eager | perplexity (eager fp32) | .pte bytes "
         + ("(weight-shared, device) " if qnn else "(2 separate) ")
         + f"| stage s ({'/'.join(order)}) | peak RSS MB |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in result["rows"]:
         g = r["generation"]
+        same = r.get("tokens_vs_eager")  # absent from results written before it was measured
         stages = "/".join(str(r["seconds"].get(s, "-")) for s in order)
         rss = "/".join(str(r["peak_rss_mb"].get(s, "-")) for s in order)
         lines.append(
@@ -106,7 +107,9 @@ def llm(result: Mapping[str, Any]) -> str:
             + (f"{g['decode_tokens_per_s'] / peer['decode_tokens_per_s']:.2f}x | "
                if peer else "- | ")
             + f"{g['prefill_tokens_per_s']:.0f} | "
-            f"{g['ttft_ms']:.1f} | {r['argmax_agreement_vs_eager']:.3f} | "
+            f"{g['ttft_ms']:.1f} | "
+            + (f"{same['same']} of {same['of']} | " if same else "- | ")
+            + f"{r['argmax_agreement_vs_eager']:.3f} | "
             f"{r['perplexity']['program']:.3f} ({r['perplexity']['fp32']:.3f}) | "
             f"{r['pte_bytes']:,} "
             f"({_bytes(r['shared_pte_bytes'] if qnn else r['separate_pte_bytes'])}) | "

@@ -272,8 +272,8 @@ def quantize_graph_8da4w(
             add_group_offset(gm, node, offset, group_sums[x], path)
             result.offset_parameters += offset.numel()
     # No float weight is left unread: a weight only the linear read is replaced under its own
-    # name, a shared one is still read by its other users. (pt2e.drop_unused_tensors would
-    # also drop the parametrizations' plain tensors, which no get_attr names.)
+    # name, a shared one is still read by its other users. (released_memory.drop_unused_tensors
+    # would also drop the parametrizations' plain tensors, which no get_attr names.)
     gm.graph.eliminate_dead_code()
     gm.recompile()
     result.seconds = time.perf_counter() - t
