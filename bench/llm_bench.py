@@ -6,6 +6,8 @@ In one process, on the same model, prompt and number of new tokens, both greedy:
 - eager HF `generate` (its own dynamic KV cache): decode tokens/s;
 - the pipeline's program, per recipe: stage seconds, .pte bytes, time to first token, prefill and
   decode tokens/s, and the ratio of decode tokens/s to eager's;
+- per recipe, how many of the program's greedy tokens are eager's (an fp32 program: all of them;
+  a quantized one goes its own way after a few);
 - the size of the one two-method .pte against the same two methods lowered as separate files;
 - peak RSS of each stage, each run as its own CLI process (`os.wait4` reports the child's peak);
 - with `--llama-cpp-python PYTHON` and `--model smollm2-135m`: llama.cpp on the GGUF file the
