@@ -20,7 +20,7 @@ from qnn_common.llm import GenerationConfig, feed, method_steps
 from qnn_common.sealing import load_manifest
 from qnn_common.stages import PrepareInput, llm_spec_of
 from qnn_infer.families.causal_lm import load_tokenizer, prompt_ids
-from qnn_infer.generate import PteLm
+from qnn_infer.generate import PteLm, generate
 from qnn_pipeline.context import PipelineContext
 from qnn_pipeline.orchestrator import run_pipeline
 from qnn_prepare.api import run_prepare
@@ -135,6 +135,19 @@ def test_decode_with_the_cache_equals_a_full_recompute(fp32: dict[str, Any], eag
     torch.testing.assert_close(chunked, full, atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(one_by_one, full, atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(handed_over, full, atol=1e-4, rtol=1e-4)
+
+
+def test_a_prompt_rest_fed_through_decode_generates_the_same(fp32: dict[str, Any]) -> None:
+    spec = load_causal_lm("tiny-llama", seed=SEED, **SHAPES).spec
+    lm = PteLm(_artifact(fp32, Stage.COMPILE) / "model.pte", spec)
+    prompt = list(b"Once upon a time, there")  # 2 windows of 8 and a rest of 7
+    cfg = GenerationConfig(max_new_tokens=6)
+    padded = generate(lm.prefill, lm.decode, prompt, cfg, spec, str)
+    stepped = generate(lm.prefill, lm.decode, prompt, cfg, spec, str,
+                       decode_up_to=spec.prefill_len - 1)
+    assert stepped.tokens == padded.tokens
+    # Both methods have run: the rule has the calls' times to go by.
+    assert set(lm.fastest) == {"prefill", "decode"} and lm.decode_up_to() >= 1
 
 
 def test_8a8w_keeps_argmax_agreement_and_shares_scales(tmp_path: Path) -> None:

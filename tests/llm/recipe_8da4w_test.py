@@ -39,8 +39,9 @@ from qnn_testing.xnnpack_graph import (
 PROMPT = "Once upon a time"
 SHAPES = {"max_seq_len": 48, "prefill_len": 8}
 # tiny-llama: 2 decoder layers x (q, k, v, o, gate, up, down), all with an input size (64 or
-# 128) that groups of 32 tile, + the LM head (int8 weights).
-DECODER_LINEARS = 2 * 7
+# 128) that groups of 32 tile, + the LM head (int8 weights). Linears that read one input are
+# fused (qnn_quant.fused_linears): q+k+v, o, gate+up, down.
+DECODER_LINEARS = 2 * 4
 LINEARS_PER_METHOD = DECODER_LINEARS + 1
 
 
@@ -88,12 +89,11 @@ def test_xnnpack_delegate_holds_every_linear_as_int8_dynamic_x_int4_or_int8(
     for method, nodes in census.items():
         fully_connected = {k: v for k, v in nodes.items() if k.startswith("XNNFullyConnected")}
         # Nothing else inside the delegate: no static int8 linear, no float one but the
-        # offsets' constants (one per 4-bit linear) and group sums (one per input the 4-bit
-        # linears read: q / k / v's, o's, gate / up's and down's in each layer).
+        # offsets' constants and group sums, one each per 4-bit linear.
         assert fully_connected == {
             DYNAMIC_INT8_X_BLOCKWISE_INT4: DECODER_LINEARS,
             DYNAMIC_INT8_X_CHANNEL_INT8: 1,
-            FLOAT_FC: DECODER_LINEARS + 2 * 4,
+            FLOAT_FC: 2 * DECODER_LINEARS,
         }, (method, nodes)
     compiled = load_manifest(_artifact(summary, Stage.COMPILE), expect_stage=Stage.COMPILE)
     # Nothing of the linears' quantization runs outside the delegate: no quantize op, no float
@@ -114,6 +114,7 @@ def test_xnnpack_delegate_holds_every_linear_as_int8_dynamic_x_int4_or_int8(
     assert [path.rpartition(".")[2] for path in record["linears_int8_weights"]] == ["lm_head"]
     assert list(record["embeddings"].values()) == ["8w (symmetric, one scale per 32 channels)"]
     assert record["linears_quantized"] == 2 * LINEARS_PER_METHOD
+    assert record["linears_fused"] == {"into": 2 * 2, "from": 2 * 5}  # per layer, in one method
     assert quantized.metrics["quantized_op_kinds"] == {"linear": 2 * LINEARS_PER_METHOD}
     assert quantized.metrics["dynamic_ops"] == 2 * LINEARS_PER_METHOD
     # 4-bit weights: the program is well under the fp32 weights' bytes (fp32 tiny-llama .pte:

@@ -36,9 +36,14 @@ StepFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def feed(
-    prefill: StepFn, decode: StepFn, tokens: Sequence[int], start: int, spec: LlmSpec
+    prefill: StepFn, decode: StepFn, tokens: Sequence[int], start: int, spec: LlmSpec,
+    *, decode_up_to: int = 1,
 ) -> torch.Tensor:
-    """Write `tokens` into the cache at positions start.. and return their logits [n, vocab]."""
+    """Write `tokens` into the cache at positions start.. and return their logits [n, vocab].
+
+    Whole windows go through prefill; a shorter rest too (padded), unless it holds at most
+    `decode_up_to` tokens or its padding would pass the context: then decode, a token at a time.
+    """
     n = len(tokens)
     if n == 0:
         raise ValueError("no tokens to feed")
@@ -53,7 +58,7 @@ def feed(
     while pos < n:
         take = min(chunk, n - pos)
         at = start + pos
-        if take == chunk or (take > 1 and at + chunk <= spec.max_seq_len):
+        if take == chunk or (take > decode_up_to and at + chunk <= spec.max_seq_len):
             window = torch.full((chunk,), spec.pad_token_id, dtype=torch.int64)
             window[:take] = ids[pos : pos + take]
             out = prefill(window[None], torch.arange(at, at + chunk, dtype=torch.int64))

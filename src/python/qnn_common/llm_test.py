@@ -68,6 +68,16 @@ def test_a_short_tail_is_padded_when_the_padding_fits() -> None:
     assert lm.calls == [("prefill", list(range(8)))]
 
 
+def test_a_rest_up_to_decode_up_to_tokens_is_decoded() -> None:
+    spec = LlmSpec(max_seq_len=32, prefill_len=8, vocab_size=VOCAB)
+    for n, calls in ((3, ["decode"] * 3), (4, ["prefill"]), (11, ["prefill"] + ["decode"] * 3)):
+        lm = RecordingLm(spec)
+        tokens = [(5 * i + 2) % VOCAB for i in range(n)]
+        logits = feed(lm.prefill, lm.decode, tokens, 0, spec, decode_up_to=3)
+        assert [name for name, _ in lm.calls] == calls, n
+        assert logits.argmax(-1).tolist() == expected(tokens)
+
+
 def test_continuing_from_a_position_keeps_the_cache() -> None:
     spec = LlmSpec(max_seq_len=32, prefill_len=4, vocab_size=VOCAB)
     lm = RecordingLm(spec)

@@ -9,6 +9,7 @@ prompt, decode tokens/s over the tokens after the first.
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -74,14 +75,29 @@ class PteLm:
         self._methods = {m: program.load_method(m) for m in (PREFILL, DECODE)}
         self._bounds = {m: bound_for(f"running {m} of {pte}") for m in (PREFILL, DECODE)}
         self.prefill, self.decode = method_steps(spec, self._run, rope)
+        self.fastest: dict[str, float] = {}  # method -> seconds of its fastest call so far
 
     def _run(self, name: str, inputs: Sequence[torch.Tensor]) -> Sequence[torch.Tensor]:
+        t = time.perf_counter()
         try:
             with bounded(self._bounds[name]):  # a run that never returns: qnn_infer.deadline
                 outputs: Sequence[torch.Tensor] = self._methods[name].execute(list(inputs))
         except RuntimeError as err:
             raise StageError("infer", f"the {name} method failed: {err}", err) from err
+        took = time.perf_counter() - t
+        self.fastest[name] = min(took, self.fastest.get(name, took))
         return outputs
+
+    def decode_up_to(self) -> int:
+        """The most tokens whose decode steps, one by one, take less time than one padded
+        prefill window, by the fastest calls so far; 1 until both methods have run.
+
+        Where that lies is the backend's: a CPU's prefill window costs several decode steps
+        (its GEMMs reuse each weight across the window), the HTP emulator's about one."""
+        prefill, decode = self.fastest.get(PREFILL), self.fastest.get(DECODE)
+        if prefill is None or not decode:
+            return 1
+        return max(1, math.ceil(prefill / decode) - 1)
 
 
 def pick_next(logits: torch.Tensor, cfg: GenerationConfig, generator: torch.Generator) -> int:
@@ -109,13 +125,17 @@ def generate(
     cfg: GenerationConfig,
     spec: LlmSpec,
     decode_text: Callable[[list[int]], str],
+    *,
+    decode_up_to: int = 1,
 ) -> Generation:
     """Generate after `prompt_ids`; the program's cache must be fresh or about to be overwritten
-    from position 0 (it is: the prompt is written from 0 and the mask hides the rest)."""
+    from position 0 (it is: the prompt is written from 0 and the mask hides the rest). A prompt
+    whose rest after whole prefill windows holds at most `decode_up_to` tokens feeds that rest
+    through decode (`PteLm.decode_up_to`: when that is faster)."""
     check_fits(len(prompt_ids), cfg.max_new_tokens, spec)
     generator = torch.Generator().manual_seed(cfg.seed)
     t0 = time.perf_counter()
-    logits = feed(prefill, decode, prompt_ids, 0, spec)
+    logits = feed(prefill, decode, prompt_ids, 0, spec, decode_up_to=decode_up_to)
     prefill_s = time.perf_counter() - t0
     token = pick_next(logits[-1], cfg, generator)
     ttft_s = time.perf_counter() - t0

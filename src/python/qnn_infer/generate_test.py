@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from qnn_common.errors import ConfigValidationError
-from qnn_common.llm import GenerationConfig, LlmSpec
-from qnn_infer.generate import generate, pick_next
+from qnn_common.llm import DECODE, PREFILL, GenerationConfig, LlmSpec
+from qnn_infer.generate import PteLm, generate, pick_next
 
 LOGITS = torch.tensor([0.0, 3.0, 2.5, 1.0, -1.0])
 
@@ -67,6 +67,29 @@ def test_generation_counts_up_to_the_stop_token_and_reports_speed() -> None:
     # Each new token is decoded at its own position: 6 at 3, 7 at 4, 8 at 5 (9 ends it).
     assert lm.decoded == [3, 4, 5]
     assert result.ttft_ms > 0 and result.decode_tokens_per_s > 0
+
+
+def test_a_short_prompt_rest_goes_through_decode_when_asked() -> None:
+    spec = LlmSpec(max_seq_len=32, prefill_len=4, vocab_size=10, stop_token_ids=(9,))
+    for up_to, decoded in ((1, [3, 4, 5]), (3, [0, 1, 2, 3, 4, 5])):
+        lm = Counter(10)
+        result = generate(lm.prefill, lm.decode, [3, 4, 5], GenerationConfig(max_new_tokens=20),
+                          spec, str, decode_up_to=up_to)
+        assert result.tokens == (6, 7, 8, 9) and lm.decoded == decoded
+
+
+def test_decode_up_to_follows_the_fastest_calls() -> None:
+    lm = PteLm.__new__(PteLm)  # the timing rule alone; tests/llm runs it on a real program
+    lm.fastest = {}
+    assert lm.decode_up_to() == 1
+    lm.fastest = {PREFILL: 0.030}
+    assert lm.decode_up_to() == 1
+    lm.fastest = {PREFILL: 0.030, DECODE: 0.004}  # 7 steps (28 ms) beat a window, 8 do not
+    assert lm.decode_up_to() == 7
+    lm.fastest = {PREFILL: 0.012, DECODE: 0.004}  # 3 steps take as long: prefill
+    assert lm.decode_up_to() == 2
+    lm.fastest = {PREFILL: 7.8, DECODE: 6.8}
+    assert lm.decode_up_to() == 1
 
 
 def test_generation_stops_at_max_new_tokens_and_streams(capsys: pytest.CaptureFixture[str]) -> None:

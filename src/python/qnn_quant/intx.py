@@ -66,6 +66,7 @@ from qnn_common.recipes import (
 )
 from qnn_common.target import Target
 from qnn_quant.embedding import embedding_form, quantize_embeddings
+from qnn_quant.fused_linears import fuse_linears_by_input
 from qnn_quant.graph_params import INT4, add_param, give_quantized_weight
 from qnn_quant.layers import module_path
 from qnn_quant.quantized_ops import NothingQuantizedError
@@ -88,6 +89,7 @@ class IntxResult:
     kept_float: dict[str, str] = field(default_factory=dict)  # module path -> why
     offset_parameters: int = 0
     embeddings: dict[str, str] = field(default_factory=dict)  # module path -> form
+    fused: dict[str, list[str]] = field(default_factory=dict)  # fused path -> the linears'
     seconds: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
@@ -104,6 +106,9 @@ class IntxResult:
             "linears_int8_weights": dict(sorted(self.int8_weights.items())),
             "linears_kept_float": dict(sorted(self.kept_float.items())),
             "offset_parameters": self.offset_parameters,
+            "linears_fused": {
+                "into": len(self.fused), "from": sum(len(p) for p in self.fused.values()),
+            },
             "embeddings": dict(sorted(self.embeddings.items())),
             "seconds": round(self.seconds, 3),
         }
@@ -218,6 +223,7 @@ def quantize_graph_8da4w(
     keep_float: Sequence[str] = (),
     mapping: GroupMapping = DEFAULT_GROUP_MAPPING,
     int8_weights: Sequence[str] = DEFAULT_INT8_WEIGHTS,
+    fuse: bool = True,
 ) -> IntxResult:
     """Quantize every eligible ``aten.linear`` of `gm` to 8da4w in place (module docstring).
 
@@ -225,14 +231,24 @@ def quantize_graph_8da4w(
     not a multiple of `group_size` (the groups must tile each weight row); one whose path
     matches an `int8_weights` regex gets int8 weights per output channel. A weight that other
     nodes read as well (a tied embedding) keeps its float copy for them; the linear gets the
-    quantized one under its own module path.
+    quantized one under its own module path. With `fuse`, 4-bit linears that read one input
+    (q / k / v, gate / up) become one first (`qnn_quant.fused_linears`; exact).
     """
     patterns = [re.compile(p) for p in keep_float]
     int8_patterns = [re.compile(p) for p in int8_weights]
     result = IntxResult(group_size, mapping)
-    # Linears that read one input (q / k / v, gate / up) share its group sums.
-    group_sums: dict[torch.fx.Node, torch.fx.Node] = {}
     t = time.perf_counter()
+
+    def four_bit(node: torch.fx.Node, weight: torch.Tensor) -> bool:
+        path = module_path(node) or node.name
+        return not any(p.search(path) for p in (*patterns, *int8_patterns)) and not (
+            weight.shape[1] % group_size
+        )
+
+    if fuse:
+        result.fused = fuse_linears_by_input(gm, four_bit)
+    # Linears that still read one input (unfused, or a fused one's offset path) share its sums.
+    group_sums: dict[torch.fx.Node, torch.fx.Node] = {}
     for node in list(gm.graph.nodes):
         weight_node = _linear_weight(gm, node)
         if weight_node is None:
@@ -306,9 +322,10 @@ def _log_result(what: str, result: IntxResult, calibration_samples: int) -> None
     )
     log.info(
         "%s: 8da4w quantized %d linear(s) in %.1f s: 4-bit weights in %s groups of %d, int8 "
-        "weights for %d; %d kept float%s%s", what, result.quantized, result.seconds,
-        result.mapping.value, result.group_size, len(result.int8_weights),
-        len(result.kept_float),
+        "weights for %d; %d kept float; %d fused from %d that read one input%s%s", what,
+        result.quantized, result.seconds, result.mapping.value, result.group_size,
+        len(result.int8_weights), len(result.kept_float), len(result.fused),
+        sum(len(p) for p in result.fused.values()),
         "".join(f"\n  {path}: {why}" for path, why in sorted(result.kept_float.items())),
         "".join(f"\n  embedding {path}: {form}" for path, form in sorted(
             result.embeddings.items())),
@@ -378,7 +395,7 @@ def quantize_methods_8da4w(
         group_size, mapping, quantized=sum(r.quantized for r in results),
         int8_weights=dict(first.int8_weights), kept_float=dict(first.kept_float),
         offset_parameters=sum(r.offset_parameters for r in results),
-        embeddings=dict(first.embeddings),
+        embeddings=dict(first.embeddings), fused=dict(first.fused),
         seconds=sum(r.seconds for r in results),
     )
     return out, total

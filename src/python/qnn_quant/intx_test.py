@@ -155,9 +155,12 @@ def test_linears_that_read_one_input_share_its_group_sums() -> None:
     program, result = quantize_program_8da4w(
         torch.export.export(model, (x,)), target=Target(Backend.XNNPACK)
     )
-    # 3 GEMMs, 1 group sum, 3 offsets; each 0/1 matrix read by one node only (a constant read by
-    # several would be copied per partition by ExecuTorch).
-    assert _targets(program).count("aten.linear.default") == 3 + 1 + 3
+    # Fused (qnn_quant.fused_linears): 1 GEMM, 1 group sum, 1 offset, sliced 3 ways; each 0/1
+    # matrix read by one node only (a constant read by several would be copied per partition by
+    # ExecuTorch).
+    assert _targets(program).count("aten.linear.default") == 1 + 1 + 1
+    assert _targets(program).count("aten.slice.Tensor") == 3
+    assert result.fused == {"q+k+v": ["q", "k", "v"]}
     sums = [n for n in program.graph.nodes if n.op == "placeholder" and "group_sum" in n.name]
     assert len(sums) == 1 and len(sums[0].users) == 1
     # Against the model with each weight replaced by its groups' values: what is left is the
@@ -171,6 +174,13 @@ def test_linears_that_read_one_input_share_its_group_sums() -> None:
             linear.weight.copy_(values.reshape(32, 64))
         assert sqnr_db(grid(x), program.module()(x)) >= 30
     assert result.offset_parameters == 3 * 32 * 64 // GROUP
+    # The layer report still finds q, k and v, through their slices.
+    layers = {
+        w["layer"] for w in accuracy_report(
+            torch.export.export(model, (x,)), program, [(x,)], top_k=10
+        )["worst_layers"]
+    }
+    assert {"q", "k", "v"} <= layers
 
 
 def test_the_layer_report_reads_a_split_linear_after_its_offset_path() -> None:

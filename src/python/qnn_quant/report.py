@@ -203,6 +203,20 @@ def _after_group_offset(node: torch.fx.Node) -> torch.fx.Node:
     return node
 
 
+def _fused_part(node: torch.fx.Node) -> bool:
+    """A slice of a fused linear's output (`qnn_quant.fused_linears`), which carries the module
+    path of the linear it replaced: its value is that linear's."""
+    source = node.args[0] if node.args else None
+    if not isinstance(source, torch.fx.Node) or module_path(source) == module_path(node):
+        return False
+    if _opname(source) == "add":  # the fused linear's group offset (`_after_group_offset`)
+        source = next(
+            (a for a in source.args if isinstance(a, torch.fx.Node) and _opname(a) == "linear"),
+            source,
+        )
+    return _opname(source) == "linear"
+
+
 class _Layer(NamedTuple):
     read: str  # node of the quantized graph whose value is compared
     path: str | None  # nn.Module path
@@ -214,6 +228,8 @@ def _compute_nodes(gm: torch.fx.GraphModule) -> dict[tuple[str, str], list[torch
     groups: dict[tuple[str, str], list[torch.fx.Node]] = {}
     for node in gm.graph.nodes:
         op = _opname(node)
+        if op == "slice" and _fused_part(node):
+            op = "linear"
         if op is None or op not in COMPUTE_OPS:
             continue
         val = node.meta.get("val")

@@ -20,7 +20,14 @@ from qnn_common.chat_template import render_chat_prompt
 from qnn_common.cli.noise import native_noise_filtered
 from qnn_common.config import InferConfig
 from qnn_common.errors import ArtifactError, ConfigValidationError
-from qnn_common.llm import GenerationConfig, LlmSpec, feed, teacher_forced_logits
+from qnn_common.llm import (
+    DECODE,
+    PREFILL,
+    GenerationConfig,
+    LlmSpec,
+    feed,
+    teacher_forced_logits,
+)
 from qnn_common.manifest import Manifest
 from qnn_common.metrics import logits_accuracy, perplexity
 from qnn_common.sealing import load_manifest
@@ -140,7 +147,17 @@ def run_generation(
     # generation (not per call: that would cost each token a redirect), so the streamed text
     # reads as one; anything else it wrote follows it.
     with native_noise_filtered():
-        result = generate(lm.prefill, lm.decode, ids, cfg, spec, decode_text)
+        if PREFILL in lm.fastest and DECODE not in lm.fastest and len(ids) % spec.prefill_len:
+            # One untimed decode step (its cache slot is written again by the prompt) tells
+            # whether decode steps feed the prompt's rest faster than a padded prefill window.
+            lm.decode(torch.tensor([ids[:1]]), torch.zeros(1, dtype=torch.int64))
+        up_to = lm.decode_up_to()
+        result = generate(lm.prefill, lm.decode, ids, cfg, spec, decode_text, decode_up_to=up_to)
+    if len(ids) % spec.prefill_len and up_to > 1:
+        log.info(
+            "a prompt rest of up to %d token(s) goes through decode: a step took %.1f ms, a "
+            "prefill window %.1f ms", up_to, 1e3 * lm.fastest[DECODE], 1e3 * lm.fastest[PREFILL],
+        )
     log.info(
         "generated %d token(s): ttft %.1f ms, prefill %.1f tok/s, decode %.1f tok/s",
         len(result.tokens), result.ttft_ms, result.prefill_tokens_per_s,
