@@ -19,7 +19,7 @@ from qnn_common.errors import ConfigValidationError
 from qnn_common.llm import GenerationConfig, feed, method_steps
 from qnn_common.sealing import load_manifest
 from qnn_common.stages import PrepareInput, llm_spec_of
-from qnn_infer.families.causal_lm import load_tokenizer, prompt_ids
+from qnn_infer.families.causal_lm import load_tokenizer, prompt_ids, run_generation
 from qnn_infer.generate import PteLm, generate
 from qnn_pipeline.context import PipelineContext
 from qnn_pipeline.orchestrator import run_pipeline
@@ -148,6 +148,12 @@ def test_a_prompt_rest_fed_through_decode_generates_the_same(fp32: dict[str, Any
     assert stepped.tokens == padded.tokens
     # Both methods have run: the rule has the calls' times to go by.
     assert set(lm.fastest) == {"prefill", "decode"} and lm.decode_up_to() >= 1
+    # As infer runs it: prefill timed by the teacher-forced eval, decode by untimed steps first.
+    fresh = PteLm(_artifact(fp32, Stage.COMPILE) / "model.pte", spec)
+    feed(fresh.prefill, fresh.decode, prompt[:8], 0, spec)
+    result = run_generation(fresh, _artifact(fp32, Stage.COMPILE), spec,
+                            dataclasses.replace(cfg, prompt=bytes(prompt).decode()))
+    assert "decode" in fresh.fastest and result.tokens == padded.tokens
 
 
 def test_8a8w_keeps_argmax_agreement_and_shares_scales(tmp_path: Path) -> None:
