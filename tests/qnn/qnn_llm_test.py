@@ -192,8 +192,11 @@ SMOL_TOKENS = 8
 FIRST = 5  # tokens that must agree: the prompt's last through prefill, 4 through decode
 
 
-def _fake_quant_generation(quantized: Path, ids: list[int]) -> tuple[int, ...]:
-    """Greedy generation of the quantize stage's fake-quantized methods on the host."""
+def _fake_quant_generation(
+    quantized: Path, ids: list[int], decode_up_to: int
+) -> tuple[int, ...]:
+    """Greedy generation of the quantize stage's fake-quantized methods on the host, the prompt
+    fed as the program's was (`decode_up_to`: infer's timed choice)."""
     manifest = load_manifest(quantized, expect_stage=Stage.QUANTIZE)
     spec = llm_spec_of(quantized, manifest)
     assert spec is not None
@@ -203,15 +206,16 @@ def _fake_quant_generation(quantized: Path, ids: list[int]) -> tuple[int, ...]:
     }
     steps = method_steps(spec, module_runner(modules, spec), rope_of(quantized, manifest))
     cfg = GenerationConfig(prompt=QUESTION, chat=True, max_new_tokens=SMOL_TOKENS)
-    return generate(*steps, ids, cfg, spec, str).tokens
+    return generate(*steps, ids, cfg, spec, str, decode_up_to=decode_up_to).tokens
 
 
 def test_smollm2_slice_16a8w_generates_on_the_htp_what_the_fake_quant_model_does(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
     """The real SmolLM2 weights (a 2-layer slice) and its chat prompt, special tokens and all:
-    the prompt goes through prefill (two chunks and a padded tail), every later token through
-    decode, whose scales are all copied from prefill. The program's greedy tokens equal the
+    the prompt goes through prefill (two chunks, then a padded tail or decode steps, as infer's
+    timed calls chose), every later token through decode, whose scales are all copied from
+    prefill. The program's greedy tokens equal the
     fake-quantized model's on the host, and those equal eager fp32's: decode's tied LM head
     once kept no statistics and generated noise while the teacher-forced (prefill-only) numbers
     looked fine."""
@@ -232,8 +236,10 @@ def test_smollm2_slice_16a8w_generates_on_the_htp_what_the_fake_quant_model_does
     spec = llm_spec_of(artifacts["quantize"], load_manifest(artifacts["quantize"]))
     assert spec is not None
     ids = prompt_ids(tokenizer, GenerationConfig(prompt=QUESTION, chat=True), spec)
-    assert len(ids) > 2 * SHAPES["prefill_len"]  # a padded prefill tail, then decode
-    fake_quant = _fake_quant_generation(artifacts["quantize"], ids)
+    assert len(ids) > 2 * SHAPES["prefill_len"] and len(ids) % SHAPES["prefill_len"]  # a tail
+    fake_quant = _fake_quant_generation(
+        artifacts["quantize"], ids, infer.metrics["generation"]["prompt_decode_up_to"]
+    )
     hf = AutoModelForCausalLM.from_pretrained(str(sliced), local_files_only=True).eval()
     with torch.no_grad():
         eager = hf.generate(torch.tensor([ids]), max_new_tokens=SMOL_TOKENS, do_sample=False)

@@ -45,6 +45,7 @@ class Generation:
     ttft_ms: float
     prefill_tokens_per_s: float
     decode_tokens_per_s: float
+    prompt_decode_up_to: int = 1  # a prompt rest of at most this many tokens went through decode
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -56,6 +57,7 @@ class Generation:
             "ttft_ms": round(self.ttft_ms, 3),
             "prefill_tokens_per_s": round(self.prefill_tokens_per_s, 2),
             "decode_tokens_per_s": round(self.decode_tokens_per_s, 2),
+            "prompt_decode_up_to": self.prompt_decode_up_to,
         }
 
 
@@ -169,6 +171,7 @@ def generate(
         ttft_ms=ttft_s * 1000,
         prefill_tokens_per_s=len(prompt_ids) / prefill_s if prefill_s > 0 else 0.0,
         decode_tokens_per_s=decoded / decode_s if decoded and decode_s > 0 else 0.0,
+        prompt_decode_up_to=decode_up_to,
     )
 
 
