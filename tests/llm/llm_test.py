@@ -154,6 +154,12 @@ def test_a_prompt_rest_fed_through_decode_generates_the_same(fp32: dict[str, Any
     result = run_generation(fresh, _artifact(fp32, Stage.COMPILE), spec,
                             dataclasses.replace(cfg, prompt=bytes(prompt).decode()))
     assert "decode" in fresh.fastest and result.tokens == padded.tokens
+    # Pinned, nothing is timed first and the number is the one used.
+    pinned = PteLm(_artifact(fp32, Stage.COMPILE) / "model.pte", spec)
+    feed(pinned.prefill, pinned.decode, prompt[:8], 0, spec)
+    result = run_generation(pinned, _artifact(fp32, Stage.COMPILE), spec, dataclasses.replace(
+        cfg, prompt=bytes(prompt).decode(), prompt_decode_up_to=1))
+    assert result.prompt_decode_up_to == 1 and result.tokens == padded.tokens
 
 
 def test_8a8w_keeps_argmax_agreement_and_shares_scales(tmp_path: Path) -> None:

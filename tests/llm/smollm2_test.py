@@ -104,8 +104,8 @@ def test_tokenizer_and_chat_template_work_through_the_artifact(
 
 def test_slice_through_xnnpack_8da4w(sliced: Path, tmp_path: Path) -> None:
     """The real weights through the 8da4w recipe: every decoder linear of the slice (7 per
-    layer) is a qd8 x qb4w XNNPACK node, the 49,152 x 576 LM head a qd8 x qc8w one, and the
-    program tracks eager."""
+    layer, fused into 4: q+k+v, o, gate+up, down) is a qd8 x qb4w XNNPACK node, the 49,152 x
+    576 LM head a qd8 x qc8w one, and the program tracks eager."""
     ctx = PipelineContext.create(
         str(sliced), backend="xnnpack", recipe="8da4w", out_dir=tmp_path,
         prepare={"kv_cache": True, "calibration_samples": 1, "eval_samples": 2,
@@ -116,7 +116,7 @@ def test_slice_through_xnnpack_8da4w(sliced: Path, tmp_path: Path) -> None:
     (compiled,) = (Path(s["artifact"]) for s in summary["stages"] if s["name"] == "compile")
     census = node_census((compiled / "model.pte").read_bytes())
     assert {m: (c[DYNAMIC_INT8_X_BLOCKWISE_INT4], c[DYNAMIC_INT8_X_CHANNEL_INT8])
-            for m, c in census.items()} == {"prefill": (7 * LAYERS, 1), "decode": (7 * LAYERS, 1)}
+            for m, c in census.items()} == {"prefill": (4 * LAYERS, 1), "decode": (4 * LAYERS, 1)}
     # The 49,152 x 576 token table is int8 rows looked up by ExecuTorch's quantized kernel:
     # the whole program is smaller than that table in float32 alone (113 MB; the slice's
     # program was 133 MB with it).

@@ -94,6 +94,11 @@ class GenerationConfig:
     top_p: float = 1.0
     seed: int = 0
     chat: bool = False  # wrap the prompt in the tokenizer's chat template
+    # A prompt's rest after its whole prefill windows, if at most this many tokens, goes through
+    # decode a token at a time instead of one padded prefill window. None: infer times both
+    # methods and takes the faster (the number it used is in its manifest); pin it for runs
+    # that must repeat token for token, since the two ways round differently.
+    prompt_decode_up_to: int | None = None
     # Print tokens as they come: how the run is shown, so not part of infer's cache key.
     stream: bool = field(default=False, metadata=NOT_IN_CACHE_KEY)
 
@@ -120,6 +125,16 @@ class GenerationConfig:
             )
         if self.top_k < 0:
             raise ConfigValidationError("generation.top_k", self.top_k, "must be >= 0 (0: all)")
+        if self.prompt_decode_up_to is not None and not (
+            isinstance(self.prompt_decode_up_to, int)
+            and not isinstance(self.prompt_decode_up_to, bool)
+            and 1 <= self.prompt_decode_up_to <= 100_000
+        ):
+            raise ConfigValidationError(
+                "generation.prompt_decode_up_to", self.prompt_decode_up_to,
+                "must be a whole number >= 1 (1: only a one-token rest goes through decode), or "
+                "left out to let infer time both ways",
+            )
         if not 0 < self.top_p <= 1:
             raise ConfigValidationError("generation.top_p", self.top_p, "must be in (0, 1]")
         check_seed(self.seed, "generation.seed")

@@ -121,7 +121,9 @@ def test_spec_round_trips_through_json_and_rejects_bad_shapes() -> None:
 @pytest.mark.parametrize(
     "kwargs, field",
     [({"prompt": ""}, "prompt"), ({"max_new_tokens": 0}, "max_new_tokens"),
-     ({"temperature": -1.0}, "temperature"), ({"top_k": -1}, "top_k"), ({"top_p": 0.0}, "top_p")],
+     ({"temperature": -1.0}, "temperature"), ({"top_k": -1}, "top_k"), ({"top_p": 0.0}, "top_p"),
+     ({"prompt_decode_up_to": 0}, "prompt_decode_up_to"),
+     ({"prompt_decode_up_to": True}, "prompt_decode_up_to")],
 )
 def test_generation_config_rejects_nonsense(kwargs: dict[str, object], field: str) -> None:
     with pytest.raises(ConfigValidationError, match=f"generation.{field}"):

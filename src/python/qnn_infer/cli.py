@@ -113,6 +113,10 @@ def add_generation_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--top-p", type=float, help="nucleus sampling mass (default 1.0)")
     g.add_argument("--sample-seed", type=_seed, metavar="N",
                    help="seed of the sampler, in [0, 2**64) (default 0; unused when greedy)")
+    g.add_argument("--prompt-decode-up-to", type=int, metavar="N",
+                   help="feed a prompt's rest after its whole prefill windows through decode "
+                   "when it holds at most N tokens (default: time both methods, take the faster; "
+                   "give N for runs that must repeat token for token)")
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
     g.add_argument("--no-stream", action="store_true",
                    help="do not print tokens as they are generated")
@@ -137,6 +141,7 @@ def generation_values(args: argparse.Namespace) -> dict[str, Any] | None:
         "prompt": args.prompt, "max_new_tokens": args.max_new_tokens,
         "temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p,
         "seed": args.sample_seed, "chat": args.chat or None,
+        "prompt_decode_up_to": args.prompt_decode_up_to,
     }
     given = {k: v for k, v in values.items() if v is not None}
     if not given:

@@ -151,12 +151,14 @@ def run_generation(
         # Untimed decode steps (their cache slot is written again by the prompt) tell whether
         # decode feeds the prompt's rest faster than a padded prefill window. Two: a method's
         # first call is its slowest (allocations, cold caches); one, if it already took longer.
-        for _ in range(2 if rest and PREFILL in lm.fastest and DECODE not in lm.fastest else 0):
+        timed = cfg.prompt_decode_up_to is None
+        for _ in range(2 if timed and rest and PREFILL in lm.fastest and DECODE not in lm.fastest
+                       else 0):
             lm.decode(torch.tensor([ids[:1]]), torch.zeros(1, dtype=torch.int64))
             if lm.fastest[DECODE] >= lm.fastest[PREFILL]:
                 break
-        up_to = lm.decode_up_to()
-        if rest and up_to > 1:
+        up_to = lm.decode_up_to() if cfg.prompt_decode_up_to is None else cfg.prompt_decode_up_to
+        if timed and rest and up_to > 1:
             log.info(
                 "a prompt rest of up to %d token(s) goes through decode: a step took %.1f ms, a "
                 "prefill window %.1f ms", up_to, 1e3 * lm.fastest[DECODE],
