@@ -18,6 +18,7 @@ patterns still find `q_proj`; the fused linear is named for its parts (``q_proj+
 from __future__ import annotations
 
 import operator
+from collections import Counter
 from collections.abc import Callable
 
 import torch
@@ -68,9 +69,15 @@ def fuse_linears_by_input(
     and that `eligible(node, weight)` accepts. Returns fused path -> the paths it replaced."""
     by_input: dict[torch.fx.Node, list[torch.fx.Node]] = {}
     held: dict[torch.fx.Node, list[torch.fx.Node]] = {}
+    # A constant another get_attr also names (a tied embedding) must stay where it is.
+    named = Counter(n.target for n in gm.graph.nodes if n.op == "get_attr")
     for node in gm.graph.nodes:
         found = _constants(node)
-        if found is None or not isinstance(node.args[0], torch.fx.Node):
+        if (
+            found is None
+            or not isinstance(node.args[0], torch.fx.Node)
+            or any(named[c.target] > 1 for c in found)
+        ):
             continue
         weight = operator.attrgetter(str(found[0].target))(gm)
         if weight.dim() == 2 and eligible(node, weight):

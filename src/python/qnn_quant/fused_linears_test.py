@@ -81,3 +81,27 @@ def test_8da4w_values_are_the_same_fused_or_not() -> None:
     with torch.no_grad():
         for want, got in zip(plain(*x), gm(*x), strict=True):
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+class _Tied(nn.Module):
+    """A head whose weight a lookup table also reads, beside a linear on the same input."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(50, 64)
+        self.lm_head = nn.Linear(64, 50, bias=False)
+        self.lm_head.weight = self.embed.weight
+        self.other = nn.Linear(64, 50, bias=False)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        h = self.embed(ids)
+        out: torch.Tensor = self.lm_head(h) + self.other(h)
+        return out
+
+
+def test_a_weight_something_else_reads_is_not_fused() -> None:
+    ids = (torch.tensor([[1, 2, 3]]),)
+    gm = torch.export.export(_Tied().eval(), ids).module()
+    before = gm(*ids)
+    assert fuse_linears_by_input(gm, lambda node, weight: True) == {}
+    torch.testing.assert_close(gm(*ids), before)
