@@ -1,13 +1,15 @@
-"""The partitions QNN preprocesses share their weights with the program instead of copying them.
+"""The partitions a backend preprocesses share their weights with the program instead of copying
+them.
 
 Before any backend preprocesses, ExecuTorch deep-copies every partition of every method, all at
 once (`BackendDetails.copy_exported_program_for_preprocess`, "in case backends change graph
 inside preprocess"): the graph, its metadata and every weight. For a decoder that is one more
-copy of all its weights alive while QNN builds its contexts, at the compile's peak. QNN's
-preprocess passes rewrite the graph and put any new constant in the copy's own tables; none
-writes into a tensor. So the copy here is deep for the graph and the tables and shares the
-tensors (`tests/qnn/qnn_shared_weights_test.py` checks the program's constants are unchanged after a
-lowering and the outputs are those of the stock copy).
+copy of all its weights alive while the backend builds its delegates, at the compile's peak.
+Neither QNN's nor XNNPACK's preprocess writes into a tensor: their passes rewrite the graph and
+put any new constant (a fused batch norm's weights, a transposed kernel) in the copy's own
+tables. So the copy here is deep for the graph and the tables and shares the tensors. Checked by
+`tests/qnn/qnn_shared_weights_test.py` (the program's constants unchanged after a lowering, the
+outputs those of the stock copy) and `shared_constants_test.py` (XNNPACK: the same .pte bytes).
 """
 
 from __future__ import annotations
@@ -34,16 +36,34 @@ def _copy_for_preprocess(
     return copy_sharing_weights(edge_program)
 
 
-def _replacements() -> list[Replacement]:
+def _qnn() -> list[Replacement]:
     from executorch.backends.qualcomm.qnn_preprocess import QnnBackend
 
     return [(QnnBackend, "copy_exported_program_for_preprocess",
              classmethod(_copy_for_preprocess))]
 
 
-_PATCH = ScopedPatch(_replacements)
+def _xnnpack() -> list[Replacement]:
+    from executorch.backends.xnnpack.xnnpack_preprocess import XnnpackBackend
+
+    return [(XnnpackBackend, "copy_exported_program_for_preprocess",
+             classmethod(_copy_for_preprocess))]
+
+
+def _replacements() -> list[Replacement]:
+    """Every replacement this module makes (`upstream_patches` indexes them); each backend's
+    lowering installs only its own, so an XNNPACK compile never imports QNN's backend."""
+    return [*_qnn(), *_xnnpack()]
+
+
+_QNN, _XNNPACK = ScopedPatch(_qnn), ScopedPatch(_xnnpack)
 
 
 def sharing_weights_with_qnn() -> AbstractContextManager[None]:
     """While inside, QNN preprocesses partitions that share the program's weights."""
-    return _PATCH.active()
+    return _QNN.active()
+
+
+def sharing_weights_with_xnnpack() -> AbstractContextManager[None]:
+    """While inside, XNNPACK preprocesses partitions that share the program's weights."""
+    return _XNNPACK.active()

@@ -89,9 +89,11 @@ PATCHES = (
     UpstreamPatch(
         "shared_constants",
         frozenset({"executorch.backends.qualcomm.qnn_preprocess.QnnBackend"
+                   ".copy_exported_program_for_preprocess",
+                   "executorch.backends.xnnpack.xnnpack_preprocess.XnnpackBackend"
                    ".copy_exported_program_for_preprocess"}),
-        "the partitions QNN preprocesses share the program's weights instead of a deep copy of "
-        "all of them at the compile's peak",
+        "the partitions QNN and XNNPACK preprocess share the program's weights instead of a deep "
+        "copy of all of them at the compile's peak",
         "tests/qnn/qnn_shared_weights_test.py",
     ),
     UpstreamPatch(

@@ -32,6 +32,7 @@ from torch.export import ExportedProgram
 from qnn_common.config import CompileConfig
 from qnn_compile.backends import BackendLowering
 from qnn_compile.progress import logged_partitioner, logging_partitions
+from qnn_compile.shared_constants import sharing_weights_with_xnnpack
 from qnn_compile.xnnpack_passes import skipping_idle_passes
 
 
@@ -150,9 +151,11 @@ def _remove_noop_expand_copies(method: str, program: ExportedProgram) -> list[An
 
 @contextlib.contextmanager
 def _logged_and_skipping(backend: type) -> Iterator[None]:
-    """Each partition's compile logged (`qnn_compile.progress`), and XNNPACK's passes that
-    cannot change a partition skipped (`qnn_compile.xnnpack_passes`: the same .pte)."""
-    with logging_partitions(backend), skipping_idle_passes():
+    """Each partition's compile logged (`qnn_compile.progress`), XNNPACK's passes that cannot
+    change a partition skipped (`qnn_compile.xnnpack_passes`), and the partitions it
+    preprocesses sharing the program's weights, not a copy of all of them
+    (`qnn_compile.shared_constants`); the same .pte either way."""
+    with logging_partitions(backend), skipping_idle_passes(), sharing_weights_with_xnnpack():
         yield
 
 
