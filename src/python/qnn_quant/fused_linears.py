@@ -20,6 +20,7 @@ from __future__ import annotations
 import operator
 from collections import Counter
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -49,9 +50,10 @@ def fused_path(paths: list[str]) -> str:
     return "+".join(paths)
 
 
-def _with_path(meta: dict[str, object], path: str) -> dict[str, object]:
-    """`meta` with the innermost nn.Module path replaced by `path`."""
-    stack = dict(meta.get("nn_module_stack") or {})  # type: ignore[call-overload]
+def _with_path(meta: dict[str, Any], path: str) -> dict[str, Any]:
+    """`meta` (a node's; fx types its values as Any) with the innermost nn.Module path replaced
+    by `path`."""
+    stack: dict[str, tuple[str, Any]] = dict(meta.get("nn_module_stack") or {})
     if stack:
         key = list(stack)[-1]
         _, kind = stack[key]
