@@ -114,6 +114,17 @@ def test_slice_through_xnnpack_8da4w(sliced: Path, tmp_path: Path) -> None:
     )
     summary = run_pipeline(ctx).checked().summary
     (compiled,) = (Path(s["artifact"]) for s in summary["stages"] if s["name"] == "compile")
+    (quantized,) = (Path(s["artifact"]) for s in summary["stages"] if s["name"] == "quantize")
+    # The real weights' large channels: some inputs' block is divided (qnn_quant.smoothed_blocks)
+    # where it is made (a norm, up's rows), by a power of two, with less output error.
+    record = load_manifest(quantized).metrics["8da4w"]
+    blocks = record["smoothed_blocks"]
+    assert blocks and set(blocks) <= {
+        f"hf.model.layers.{i}.{where}.weight" for i in range(LAYERS)
+        for where in ("input_layernorm", "post_attention_layernorm", "mlp.up_proj")
+    }, blocks
+    assert all(b["divided_by"] in (2, 4, 8, 16) and b["output_error_ratio"] < 1
+               for b in blocks.values()), blocks
     census = node_census((compiled / "model.pte").read_bytes())
     assert {m: (c[DYNAMIC_INT8_X_BLOCKWISE_INT4], c[DYNAMIC_INT8_X_CHANNEL_INT8])
             for m, c in census.items()} == {"prefill": (4 * LAYERS, 1), "decode": (4 * LAYERS, 1)}

@@ -94,6 +94,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--embedding-weights", choices=[e.value for e in EmbeddingWeights],
                    help="8da4w: embedding tables as int8 groups (8w, the default), 4-bit groups "
                    "(4w) or float")
+    p.add_argument("--no-smooth-blocks", action="store_true",
+                   help="8da4w, causal LMs: upstream's plain 8da4w, without dividing each "
+                   "linear input's block of large activations by a power of two; qnn-quant "
+                   "--help says more")
     p.add_argument("--seq-len", type=int, help="token length for text models (default: 128)")
     p.add_argument("--calibration-samples", type=int, help="default: 16")
     p.add_argument("--runs", type=int, help="timed inference runs (default: 20)")
@@ -151,7 +155,8 @@ def context_from_args(args: argparse.Namespace) -> PipelineContext:
                     "custom_ops": args.custom_ops},
         "quantize": {"group_size": args.group_size, "block_size": args.block_size,
                      "group_mapping": args.group_mapping,
-                     "embedding_weights": args.embedding_weights},
+                     "embedding_weights": args.embedding_weights,
+                     "smooth_blocks": False if args.no_smooth_blocks else None},
         "compile": {"htp_performance_mode": args.htp_performance_mode,
                     "weight_sharing": args.weight_sharing, "num_shards": args.num_shards},
         "infer": {"runs": args.runs, "threads": args.threads, "device": args.device,

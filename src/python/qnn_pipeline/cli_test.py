@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from qnn_common.config import Stage
+from qnn_common.errors import ConfigValidationError
 from qnn_common.recipes import Backend, GroupMapping, Recipe
 from qnn_pipeline.cli import build_parser, context_from_args, main
 from qnn_pipeline.context import PipelineContext
@@ -36,6 +37,15 @@ def test_stage_flags_reach_stage_configs() -> None:
                 "16a4w_block", "--block-size", "32", "--group-mapping", "asymmetric")
     assert lpbq.quantize is not None and lpbq.quantize.block_size == 32
     assert lpbq.quantize.group_mapping is GroupMapping.ASYMMETRIC
+
+
+def test_smooth_blocks_is_8da4ws_default_and_refused_off_elsewhere() -> None:
+    on = _ctx("--model", "tiny-llama", "--recipe", "8da4w")
+    assert on.quantize is not None and on.quantize.smooth_blocks
+    off = _ctx("--model", "tiny-llama", "--recipe", "8da4w", "--no-smooth-blocks")
+    assert off.quantize is not None and not off.quantize.smooth_blocks
+    with pytest.raises(ConfigValidationError, match="only 8da4w smooths blocks"):
+        _ctx("--model", "tiny-llama", "--recipe", "8a8w", "--no-smooth-blocks")
 
 
 def test_custom_ops_follow_the_backend_unless_said() -> None:

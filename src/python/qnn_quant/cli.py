@@ -83,6 +83,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="8da4w: embedding tables as int8 (8w) or 4-bit asymmetric (4w) "
                    "groups of --group-size channels, or float; looked up by ExecuTorch's "
                    "quantized embedding kernels (upstream's --qembedding). Default: %(default)s")
+    p.add_argument("--no-smooth-blocks", action="store_true",
+                   help="8da4w, causal LMs: keep the blocks of large activations as they are "
+                   "(upstream's plain 8da4w). By default, a few calibration texts choose a "
+                   "power of two to divide the largest block of each linear input by where it "
+                   "is made (a norm's weight, a gated MLP's up rows), multiplied back into the "
+                   "weights that read it: the same float model, a finer per-token int8 "
+                   "rounding of the other channels")
     p.add_argument("--weight-rounding", choices=[r.value for r in WeightRounding],
                    help="how weights are rounded onto their grid: nearest, or gptq (error "
                    "feedback from calibration inputs, linear layers). Default: gptq for 4-bit "
@@ -112,6 +119,7 @@ def _main(argv: Sequence[str] | None) -> int:
         int8_weights=None if args.int8_weights is None else tuple(
             p for p in args.int8_weights if p
         ),
+        smooth_blocks=not args.no_smooth_blocks,
         report_layers=args.report_layers,
         weight_rounding=None if args.weight_rounding is None else WeightRounding(
             args.weight_rounding),

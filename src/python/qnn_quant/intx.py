@@ -43,7 +43,7 @@ import logging
 import operator
 import re
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -70,6 +70,7 @@ from qnn_quant.fused_linears import fuse_linears_by_input
 from qnn_quant.graph_params import INT4, add_param, give_quantized_weight
 from qnn_quant.layers import module_path
 from qnn_quant.quantized_ops import NothingQuantizedError
+from qnn_quant.smoothed_blocks import BlockScale, apply_scales
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +91,7 @@ class IntxResult:
     offset_parameters: int = 0
     embeddings: dict[str, str] = field(default_factory=dict)  # module path -> form
     fused: dict[str, list[str]] = field(default_factory=dict)  # fused path -> the linears'
+    smoothed: list[BlockScale] = field(default_factory=list)  # qnn_quant.smoothed_blocks
     seconds: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
@@ -110,6 +112,12 @@ class IntxResult:
                 "into": len(self.fused), "from": sum(len(p) for p in self.fused.values()),
             },
             "embeddings": dict(sorted(self.embeddings.items())),
+            "smoothed_blocks": {
+                s.divided[0]: {"divided": list(s.divided), "block": s.block, "size": s.size,
+                               "divided_by": s.factor,
+                                "output_error_ratio": s.error_ratio}
+                for s in self.smoothed
+            },
             "seconds": round(self.seconds, 3),
         }
 
@@ -216,6 +224,22 @@ def _linear_weight(gm: torch.fx.GraphModule, node: torch.fx.Node) -> torch.fx.No
     return weight
 
 
+def four_bit_linears(
+    group_size: int, keep_float: Sequence[str], int8_weights: Sequence[str]
+) -> Callable[[torch.fx.Node, torch.Tensor], bool]:
+    """Whether a linear (node, weight) gets 4-bit groups: not kept float, not int8, and its input
+    size a multiple of `group_size` (regexes over module paths)."""
+    patterns = [re.compile(p) for p in (*keep_float, *int8_weights)]
+
+    def four_bit(node: torch.fx.Node, weight: torch.Tensor) -> bool:
+        path = module_path(node) or node.name
+        return not any(p.search(path) for p in patterns) and weight.dim() == 2 and not (
+            weight.shape[1] % group_size
+        )
+
+    return four_bit
+
+
 def quantize_graph_8da4w(
     gm: torch.fx.GraphModule,
     *,
@@ -224,6 +248,7 @@ def quantize_graph_8da4w(
     mapping: GroupMapping = DEFAULT_GROUP_MAPPING,
     int8_weights: Sequence[str] = DEFAULT_INT8_WEIGHTS,
     fuse: bool = True,
+    block_scales: Mapping[str, BlockScale] | None = None,
 ) -> IntxResult:
     """Quantize every eligible ``aten.linear`` of `gm` to 8da4w in place (module docstring).
 
@@ -232,19 +257,17 @@ def quantize_graph_8da4w(
     matches an `int8_weights` regex gets int8 weights per output channel. A weight that other
     nodes read as well (a tied embedding) keeps its float copy for them; the linear gets the
     quantized one under its own module path. With `fuse`, 4-bit linears that read one input
-    (q / k / v, gate / up) become one first (`qnn_quant.fused_linears`; exact).
+    (q / k / v, gate / up) become one first (`qnn_quant.fused_linears`; exact). `block_scales`
+    (first divided constant's path -> its factor, `qnn_quant.smoothing_stats`) are applied
+    before anything else (`qnn_quant.smoothed_blocks`; exact in float).
     """
     patterns = [re.compile(p) for p in keep_float]
-    int8_patterns = [re.compile(p) for p in int8_weights]
     result = IntxResult(group_size, mapping)
     t = time.perf_counter()
-
-    def four_bit(node: torch.fx.Node, weight: torch.Tensor) -> bool:
-        path = module_path(node) or node.name
-        return not any(p.search(path) for p in (*patterns, *int8_patterns)) and not (
-            weight.shape[1] % group_size
-        )
-
+    four_bit = four_bit_linears(group_size, keep_float, int8_weights)
+    if block_scales:
+        result.smoothed = apply_scales(gm, block_scales, group_size)
+    int8_patterns = [re.compile(p) for p in int8_weights]
     if fuse:
         result.fused = fuse_linears_by_input(gm, four_bit)
     # Linears that still read one input (unfused, or a fused one's offset path) share its sums.
@@ -343,6 +366,7 @@ def quantize_program_8da4w(
     embedding_weights: EmbeddingWeights = DEFAULT_EMBEDDING_WEIGHTS,
     calibration_samples: int = 0,
     method: str = "forward",
+    block_scales: Mapping[str, BlockScale] | None = None,
 ) -> tuple[ExportedProgram, IntxResult]:
     """`ep` with its linears quantized to 8da4w, exported again; and what was done.
 
@@ -359,7 +383,8 @@ def quantize_program_8da4w(
         regex_list("quantize.int8_weights", list(int8_weights)) or ()
     )
     result = quantize_graph_8da4w(
-        gm, group_size=group_size, keep_float=patterns, mapping=mapping, int8_weights=int8
+        gm, group_size=group_size, keep_float=patterns, mapping=mapping, int8_weights=int8,
+        block_scales=block_scales,
     )
     result.embeddings = quantize_embeddings(gm, embedding_form(embedding_weights, group_size))
     _log_result(method, result, calibration_samples)
@@ -378,6 +403,7 @@ def quantize_methods_8da4w(
     int8_weights: Sequence[str] | None = None,
     embedding_weights: EmbeddingWeights = DEFAULT_EMBEDDING_WEIGHTS,
     calibration_samples: int = 0,
+    block_scales: Mapping[str, BlockScale] | None = None,
 ) -> tuple[dict[str, ExportedProgram], IntxResult]:
     """Every method of a program (a causal LM's prefill and decode) quantized to 8da4w: each
     alone, since nothing is shared but the weights, which come out the same bytes in each."""
@@ -387,7 +413,7 @@ def quantize_methods_8da4w(
         out[method], result = quantize_program_8da4w(
             ep, target=target, group_size=group_size, keep_float=keep_float, mapping=mapping,
             int8_weights=int8_weights, embedding_weights=embedding_weights,
-            calibration_samples=calibration_samples, method=method,
+            calibration_samples=calibration_samples, method=method, block_scales=block_scales,
         )
         results.append(result)
     first = results[0]
@@ -396,6 +422,6 @@ def quantize_methods_8da4w(
         int8_weights=dict(first.int8_weights), kept_float=dict(first.kept_float),
         offset_parameters=sum(r.offset_parameters for r in results),
         embeddings=dict(first.embeddings), fused=dict(first.fused),
-        seconds=sum(r.seconds for r in results),
+        smoothed=list(first.smoothed), seconds=sum(r.seconds for r in results),
     )
     return out, total

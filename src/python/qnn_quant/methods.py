@@ -28,6 +28,7 @@ from qnn_common.llm import DECODE, PREFILL, LlmSpec, MethodRunner, feed, method_
 from qnn_common.recipes import (
     DEFAULT_EMBEDDING_WEIGHTS,
     DEFAULT_GROUP_SIZE,
+    DEFAULT_INT8_WEIGHTS,
     EmbeddingWeights,
     GroupMapping,
     Recipe,
@@ -39,7 +40,7 @@ from qnn_common.recipes import (
 from qnn_common.target import Target
 from qnn_common.torchio.programs import share_equal_weights
 from qnn_quant.gptq import GptqResult, pin_weight_scales, round_weights
-from qnn_quant.intx import IntxResult, quantize_methods_8da4w
+from qnn_quant.intx import IntxResult, four_bit_linears, quantize_methods_8da4w
 from qnn_quant.layers import module_path, plan_layers
 from qnn_quant.pt2e import (
     convert_program,
@@ -47,6 +48,7 @@ from qnn_quant.pt2e import (
     prepare_program,
     weight_bits,
 )
+from qnn_quant.smoothing_stats import choose_block_scales
 
 _STAGE = "quantize"
 log = logging.getLogger(__name__)
@@ -84,13 +86,15 @@ def quantize_causal_lm(
     group_mapping: GroupMapping | None = None,
     int8_weights: Sequence[str] | None = None,
     embedding_weights: EmbeddingWeights = DEFAULT_EMBEDDING_WEIGHTS,
+    smooth_blocks: bool = True,
 ) -> tuple[dict[str, ExportedProgram], GptqResult | IntxResult | None]:
     """Quantize prefill and decode with shared scales, calibrating on token sequences (`rope`:
     the rotary table of a program whose cache is its inputs and outputs). With GPTQ (the
     default for 4-bit weights) both methods' inputs shape one rounding of the shared weights.
     Returns the programs and what GPTQ did (None when weights rounded to nearest). 8da4w
-    (`qnn_quant.intx`) calibrates nothing: both methods' weights are quantized alike, and the
-    transform's record is returned instead.
+    (`qnn_quant.intx`) calibrates no scale: with `smooth_blocks`, a few texts choose each norm's
+    block factor (`qnn_quant.smoothed_blocks`), then both methods' weights are quantized alike,
+    and the transform's record is returned instead.
 
     With PT2E recipes `programs` is consumed: each float method leaves the dict once converted,
     and the quantized methods hold one copy of their equal weights, so a caller that keeps
@@ -103,10 +107,19 @@ def quantize_causal_lm(
     rounding = weight_rounding or default_weight_rounding(recipe, per_channel)
     check_weight_rounding(recipe, rounding, per_channel, "quantize.weight_rounding")
     if recipe.is_dynamic:
+        scales = choose_block_scales(
+            programs, spec=spec, calibration=calibration, group_size=group_size, rope=rope,
+            eligible=four_bit_linears(
+                group_size, list(keep_float or ()),
+                DEFAULT_INT8_WEIGHTS if int8_weights is None else list(int8_weights),
+            ),
+            reset=_reset_cache,
+        ) if smooth_blocks and calibration else None
         return quantize_methods_8da4w(
             programs, target=target, group_size=group_size, keep_float=keep_float,
             mapping=group_mapping or default_group_mapping(recipe), int8_weights=int8_weights,
             embedding_weights=embedding_weights, calibration_samples=len(calibration),
+            block_scales=scales,
         )
     bits = weight_bits(recipe)
 

@@ -56,6 +56,12 @@ class QuantizeConfig:
     int8_weights: tuple[str, ...] | None = None
     # 8da4w only: how embedding tables are stored (qnn_common.recipes.EmbeddingWeights).
     embedding_weights: EmbeddingWeights = DEFAULT_EMBEDDING_WEIGHTS
+    # 8da4w, causal LMs: divide the block of channels holding a linear input's largest
+    # activations by a power of two where the input is made (a norm's weight, a gated MLP's up
+    # rows; chosen on a few calibration texts) and multiply it back into the weights reading it:
+    # the same float model, a finer per-token int8 rounding of the rest
+    # (qnn_quant.smoothed_blocks). False: upstream's plain 8da4w.
+    smooth_blocks: bool = True
     # The worst layers (by SQNR vs fp32) to report; 0 skips the per-layer pass.
     report_layers: int = 10
     # Regexes over nn.Module paths of layers to leave in float. None: the default
@@ -122,6 +128,13 @@ class QuantizeConfig:
                 f"only 8da4w's groups and 16a4w_block's blocks have 8-bit layers among their "
                 f"4-bit weights; {self.recipe.value} does not: drop int8_weights or use "
                 "--recipe 8da4w (CPU) or 16a4w_block (QNN)",
+            )
+        if not self.recipe.is_dynamic and not self.smooth_blocks:
+            raise ConfigValidationError(
+                "quantize.smooth_blocks", False,
+                f"only 8da4w smooths blocks of its per-token int8 activations; "
+                f"{self.recipe.value}'s activation scales are calibrated: drop smooth_blocks "
+                "or use --recipe 8da4w",
             )
         if not self.recipe.is_dynamic and self.embedding_weights != DEFAULT_EMBEDDING_WEIGHTS:
             raise ConfigValidationError(
