@@ -31,7 +31,6 @@ from qnn_common.stages import (
 )
 from qnn_common.store import own_programs
 from qnn_common.store.artifact_dir import begin_artifact
-from qnn_common.store.atomic import atomic_write_bytes
 from qnn_common.store.hashing import sha256_file
 from qnn_common.torchio.programs import load_methods
 from qnn_compile.backends import lowering_for
@@ -155,12 +154,13 @@ def run_compile(inp: CompileInput) -> CompileOutput:
     lowered = lower_program(programs, lowering, etrecord_path=etrecord,
                             payload_cache=inp.context_cache)
     seconds = time.perf_counter() - t
-    atomic_write_bytes(out / PTE, lowered.pte)
-    own_programs.remember(lowered.pte)  # the infer stage may run it in-process, unrehearsed
+    # Streamed: joined in memory first, the program's bytes would be held twice at the peak.
+    pte = lowered.write_pte(out / PTE)
+    own_programs.remember_digest(pte.sha256)  # infer may run it in-process, unrehearsed
     log.info(
         "lowered for %s in %.1f s: %d ops delegated, %d not, %d partition(s), %d bytes",
         cfg.target, seconds, lowered.delegated_ops, lowered.non_delegated_ops,
-        lowered.partitions, len(lowered.pte),
+        lowered.partitions, pte.size,
     )
 
     files = [PTE] + ([ETRECORD] if etrecord is not None else [])
@@ -179,7 +179,7 @@ def run_compile(inp: CompileInput) -> CompileOutput:
         metrics={
             "model": upstream.metrics.get("model") if upstream else inp.source.name,
             "target": dict(lowering.record),
-            "pte_bytes": len(lowered.pte),
+            "pte_bytes": pte.size,
             "delegated_ops": lowered.delegated_ops,
             "non_delegated_ops": lowered.non_delegated_ops,
             "partitions": lowered.partitions,

@@ -11,12 +11,15 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import functools
+import hashlib
 import importlib
+import io
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 import torch.fx
@@ -51,7 +54,9 @@ class LoweredProgram:
     edge op name (e.g. ``aten.mean.dim``).
     """
 
-    pte: bytes
+    # The serialized program, held in pieces as ExecuTorch made it: `write_pte` streams them to a
+    # file; `pte` joins them (a copy of the whole program: the size of the weights again).
+    program: Any  # exir.ExecutorchProgramManager
     backend: Backend
     delegated_ops: int
     non_delegated_ops: int
@@ -62,6 +67,40 @@ class LoweredProgram:
     # With a payload cache: each payload (one per partition, shared by the methods) built or
     # reused, in partition order.
     cached_payloads: list[ContextRecord] = field(default_factory=list)
+
+    @functools.cached_property
+    def pte(self) -> bytes:
+        """The .pte's bytes, joined."""
+        data: bytes = self.program.buffer
+        return data
+
+    def write_pte(self, path: Path) -> PteFile:
+        """Write the .pte to `path` atomically, piece by piece, never joined in memory."""
+        digest = hashlib.sha256()
+        size = 0
+
+        class _Tee(io.BufferedIOBase):
+            def __init__(self, f: BinaryIO) -> None:
+                self.f = f
+
+            def write(self, b: Any) -> int:
+                nonlocal size
+                digest.update(b)
+                size += len(b)
+                return self.f.write(b)
+
+        with atomic_path(path) as tmp, tmp.open("wb") as f:
+            self.program.write_to_file(_Tee(f))
+        return PteFile(path, size, digest.hexdigest())
+
+
+@dataclass(frozen=True)
+class PteFile:
+    """A .pte as written: where, its size, the sha256 of the bytes written."""
+
+    path: Path
+    size: int
+    sha256: str
 
 
 def lower_program(
@@ -225,7 +264,6 @@ def _lower(
     try:
         with native.capture():
             et_program = edge.to_executorch(executorch_config)
-            pte = bytes(et_program.buffer)
     except Exception as exc:  # as above: named, chained, with the failing op if known
         raise stage_error(f"serializing the {backend.value} program failed", exc, native) from exc
     # Every operator left to the CPU must have a kernel: fail here, naming it, not when run.
@@ -242,7 +280,7 @@ def _lower(
             ) from exc
 
     return LoweredProgram(
-        pte=pte,
+        program=et_program,
         backend=backend,
         delegated_ops=delegated,
         non_delegated_ops=sum(outside.values()),

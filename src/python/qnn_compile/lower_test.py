@@ -7,6 +7,7 @@ the lowered bytes are executed through executorch.runtime and compared with eage
 from __future__ import annotations
 
 import functools
+import hashlib
 import zipfile
 from pathlib import Path
 
@@ -16,6 +17,7 @@ import torch
 from qnn_common.config import CompileConfig
 from qnn_common.errors import StageError
 from qnn_common.recipes import Backend, Recipe
+from qnn_common.store import own_programs
 from qnn_compile.backends import lowering_for
 from qnn_compile.lower import LoweredProgram, lower_program
 from qnn_compile.op_counts import op_name
@@ -152,6 +154,21 @@ def test_lowered_program_runs_and_matches_eager(
     # Measured: fp32 ~140 dB on both; 8a8w bit-exact with fake-quant on both for this one-output
     # net (XNNPACK's integer kernels can differ by a rounding step elsewhere: ~40 dB).
     assert sqnr > (60.0 if recipe is Recipe.FP32 else 40.0), f"{recipe}/{backend}: {sqnr:.1f} dB"
+
+
+def test_the_pte_streams_to_its_file_as_the_same_bytes(
+    lowered: _LazyLowered, tmp_path: Path
+) -> None:
+    """`write_pte` writes ExecuTorch's pieces one by one (never joined: at a model's size that
+    join is the compile's peak); the file holds the joined bytes, and says their size and hash."""
+    program = lowered[Recipe.A8W8, Backend.XNNPACK]
+    written = program.write_pte(tmp_path / "model.pte")
+    data = (tmp_path / "model.pte").read_bytes()
+    assert data == program.pte
+    assert written.size == len(data) and written.sha256 == hashlib.sha256(data).hexdigest()
+    assert [p.name for p in tmp_path.iterdir()] == ["model.pte"]  # no temp file left
+    own_programs.remember_digest(written.sha256)
+    assert own_programs.is_own(tmp_path / "model.pte")
 
 
 @pytest.mark.parametrize("recipe", [Recipe.FP32, Recipe.A8W8])

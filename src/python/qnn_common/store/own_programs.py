@@ -25,9 +25,14 @@ _lock = threading.Lock()
 
 def remember(data: bytes) -> None:
     """Record `data` as the bytes of a program this process compiled."""
-    digest = hashlib.sha256(data).hexdigest()
+    remember_digest(hashlib.sha256(data).hexdigest())
+
+
+def remember_digest(sha256: str) -> None:
+    """Record the sha256 (hex) of the bytes of a program this process compiled, as it wrote
+    them (a program streamed to its file, never whole in memory)."""
     with _lock:
-        _own.add(digest)
+        _own.add(sha256)
 
 
 def is_own(path: Path) -> bool:
