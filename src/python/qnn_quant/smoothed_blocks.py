@@ -102,7 +102,11 @@ def smoothable_inputs(
         ):
             continue
         weights = [u.args[1] for u in users]
-        if not all(isinstance(w, torch.fx.Node) and w.op == "get_attr" for w in weights):
+        # Each weight read by its linear alone: a tied one's columns are another op's too.
+        if not all(
+            isinstance(w, torch.fx.Node) and w.op == "get_attr" and len(w.users) == 1
+            for w in weights
+        ):
             continue
         values = [operator.attrgetter(str(w.target))(gm) for w in weights]
         width = values[0].shape[-1]

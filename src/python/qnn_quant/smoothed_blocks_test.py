@@ -91,6 +91,26 @@ def test_inputs_that_linears_alone_read_and_constants_make_qualify() -> None:
     assert smoothable_inputs(_graph(), _all, WIDTH) == {}
 
 
+class _Tied(nn.Module):
+    """A norm feeding a head whose weight a lookup reads too (tied embeddings)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = nn.Parameter(torch.ones(WIDTH))
+        self.head = nn.Linear(WIDTH, 50, bias=False)
+
+    def forward(self, ids: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        table = torch.nn.functional.embedding(ids, self.head.weight)
+        return torch.cat([self.head(self.norm * x), table.sum(-1, keepdim=True)], -1)
+
+
+def test_a_weight_another_op_reads_is_not_scaled() -> None:
+    args = (torch.tensor([[1, 2]]), torch.randn(1, 2, WIDTH))
+    gm = torch.export.export(_Tied().eval(), args).module()
+    assert isinstance(gm, torch.fx.GraphModule)
+    assert smoothable_inputs(gm, _all, GROUP) == {}
+
+
 def test_the_factor_is_chosen_for_the_block_with_the_large_channel() -> None:
     torch.manual_seed(0)
     rows = torch.randn(256, WIDTH)
