@@ -120,8 +120,8 @@ def main() -> None:
         chosen[name] = divide
     state["mode"] = "float"
     fp32 = _perplexity(model, held_out)
-    results: dict[str, Any] = {"fp32_perplexity": round(fp32, 4),
-                               "tokens": sum(len(w) - 1 for w in held_out), "settings": {}}
+    results: dict[str, Any] = {"bench": "smoothing", "fp32_perplexity": round(fp32, 4),
+                               "tokens": sum(len(w) - 1 for w in held_out), "rows": []}
     print(f"fp32 perplexity {fp32:.3f} over {results['tokens']} held-out tokens; "
           f"{sum(f > 1 for f in factors.values())} of {len(factors)} inputs divided")
     for setting, applies in SETTINGS.items():
@@ -133,8 +133,8 @@ def main() -> None:
             state["jitter"] = JITTER if d else 0.0
             draws.append(100 * (_perplexity(model, held_out) / fp32 - 1))
         mean = sum(draws) / len(draws)
-        results["settings"][setting] = {"vs_fp32_percent": [round(v, 2) for v in draws],
-                                        "mean": round(mean, 2)}
+        results["rows"].append({"setting": setting, "vs_fp32_percent": [round(v, 2) for v in draws],
+                                "mean": round(mean, 2)})
         print(f"{setting:11s} " + " ".join(f"{v:+.2f}" for v in draws)
               + f"  mean {mean:+.2f} %", flush=True)
     if args.json:

@@ -144,8 +144,22 @@ def big_decoder(result: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def smoothing(result: Mapping[str, Any]) -> str:
+    """bench/smoothing_draws.py: held-out perplexity over fp32 per draw, a row a setting."""
+    draws = len(result["rows"][0]["vs_fp32_percent"])
+    lines = [
+        "| smoothed | " + " | ".join(f"draw {d}" for d in range(draws)) + " | mean |",
+        "|---|" + "---|" * (draws + 1),
+    ]
+    for r in result["rows"]:
+        cells = " | ".join(f"{v:+.2f} %" for v in r["vs_fp32_percent"])
+        lines.append(f"| {r['setting']} | {cells} | **{r['mean']:+.2f} %** |")
+    return "\n".join(lines)
+
+
 RENDERERS: Mapping[str, Callable[[Mapping[str, Any]], str]] = {
     "big_decoder": big_decoder,
+    "smoothing": smoothing,
     "pipeline": pipeline,
     "compile": compile_cost,
     "llm": llm,
