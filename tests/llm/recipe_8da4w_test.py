@@ -146,10 +146,13 @@ def test_calibration_is_skipped_and_said_so(xnnpack: tuple[dict[str, Any], list[
     summary, lines = xnnpack
     skipped = [line for line in lines if "calibration skipped" in line]
     assert len(skipped) == 2, lines  # one per method
+    # What the calibration samples were used for instead: choosing the smoothed blocks' factors.
     assert all("per token at run time" in line and "4 calibration sample(s)" in line
-               for line in skipped)
+               and "chose the smoothed blocks' factors" in line for line in skipped)
     quantized = load_manifest(_artifact(summary, Stage.QUANTIZE), expect_stage=Stage.QUANTIZE)
     assert quantized.metrics["calibration"].startswith("none")
+    assert "calibration text(s) chose the smoothed blocks' factors" in quantized.metrics[
+        "calibration"]
     assert quantized.metrics["weight_rounding"] == "nearest"
 
 

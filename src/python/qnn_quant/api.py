@@ -72,10 +72,13 @@ def _rounding_metrics(
     cfg: QuantizeConfig, weights: GptqResult | IntxResult | None
 ) -> dict[str, Any]:
     """The weight rounding in effect and, for GPTQ, what it did; for 8da4w, its weight
-    transform (groups, linears quantized and kept float) and that nothing was calibrated."""
+    transform (groups, linears quantized and kept float) and that no scale was calibrated."""
     out: dict[str, Any] = {"weight_rounding": cfg.rounding.value}
     if isinstance(weights, IntxResult):
-        out["calibration"] = "none: activation scales are chosen per token at run time"
+        out["calibration"] = "none: activation scales are chosen per token at run time" + (
+            f"; {weights.smoothing_texts} calibration text(s) chose the smoothed blocks' factors"
+            if weights.smoothing_texts else ""
+        )
         out[cfg.recipe.value] = weights.to_json()
     elif weights is not None:
         out["gptq"] = weights.to_json()

@@ -92,6 +92,7 @@ class IntxResult:
     embeddings: dict[str, str] = field(default_factory=dict)  # module path -> form
     fused: dict[str, list[str]] = field(default_factory=dict)  # fused path -> the linears'
     smoothed: list[BlockScale] = field(default_factory=list)  # qnn_quant.smoothed_blocks
+    smoothing_texts: int = 0  # calibration texts that chose the smoothed blocks' factors
     seconds: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
@@ -335,10 +336,16 @@ def _export(
 
 
 def _log_result(what: str, result: IntxResult, calibration_samples: int) -> None:
-    unused = (
-        f"; the {calibration_samples} calibration sample(s) of the prepared artifact are not used"
-        if calibration_samples else ""
-    )
+    if result.smoothing_texts:
+        unused = (
+            f"; {result.smoothing_texts} of the {calibration_samples} calibration sample(s) of "
+            "the prepared artifact chose the smoothed blocks' factors (qnn_quant.smoothed_blocks)"
+        )
+    else:
+        unused = (
+            f"; the {calibration_samples} calibration sample(s) of the prepared artifact are not "
+            "used" if calibration_samples else ""
+        )
     log.info(
         "%s: calibration skipped: 8da4w chooses every activation scale per token at run time%s",
         what, unused,
@@ -367,12 +374,14 @@ def quantize_program_8da4w(
     calibration_samples: int = 0,
     method: str = "forward",
     block_scales: Mapping[str, BlockScale] | None = None,
+    smoothing_texts: int = 0,
 ) -> tuple[ExportedProgram, IntxResult]:
     """`ep` with its linears quantized to 8da4w, exported again; and what was done.
 
     `keep_float`: regexes over module paths of linears to leave float (None: none).
     `int8_weights`: regexes over module paths of linears given int8 weights (None: the default,
-    a causal LM's output head). `calibration_samples` only feeds the log line that says they
+    a causal LM's output head). `calibration_samples` and `smoothing_texts` (how many of them
+    chose `block_scales`) only feed the log line that says what they were used for
     are not used. Raises NothingQuantizedError when no linear could be quantized.
     """
     check_recipe(target.backend, Recipe.A8DW4, target.soc, "quantize.recipe")
@@ -386,6 +395,7 @@ def quantize_program_8da4w(
         gm, group_size=group_size, keep_float=patterns, mapping=mapping, int8_weights=int8,
         block_scales=block_scales,
     )
+    result.smoothing_texts = smoothing_texts
     result.embeddings = quantize_embeddings(gm, embedding_form(embedding_weights, group_size))
     _log_result(method, result, calibration_samples)
     if result.quantized == 0:
@@ -404,6 +414,7 @@ def quantize_methods_8da4w(
     embedding_weights: EmbeddingWeights = DEFAULT_EMBEDDING_WEIGHTS,
     calibration_samples: int = 0,
     block_scales: Mapping[str, BlockScale] | None = None,
+    smoothing_texts: int = 0,
 ) -> tuple[dict[str, ExportedProgram], IntxResult]:
     """Every method of a program (a causal LM's prefill and decode) quantized to 8da4w: each
     alone, since nothing is shared but the weights, which come out the same bytes in each."""
@@ -414,6 +425,7 @@ def quantize_methods_8da4w(
             ep, target=target, group_size=group_size, keep_float=keep_float, mapping=mapping,
             int8_weights=int8_weights, embedding_weights=embedding_weights,
             calibration_samples=calibration_samples, method=method, block_scales=block_scales,
+            smoothing_texts=smoothing_texts,
         )
         results.append(result)
     first = results[0]
@@ -422,6 +434,7 @@ def quantize_methods_8da4w(
         int8_weights=dict(first.int8_weights), kept_float=dict(first.kept_float),
         offset_parameters=sum(r.offset_parameters for r in results),
         embeddings=dict(first.embeddings), fused=dict(first.fused),
-        smoothed=list(first.smoothed), seconds=sum(r.seconds for r in results),
+        smoothed=list(first.smoothed), smoothing_texts=first.smoothing_texts,
+        seconds=sum(r.seconds for r in results),
     )
     return out, total

@@ -48,7 +48,7 @@ from qnn_quant.pt2e import (
     prepare_program,
     weight_bits,
 )
-from qnn_quant.smoothing_stats import choose_block_scales
+from qnn_quant.smoothing_stats import TEXTS, choose_block_scales
 
 _STAGE = "quantize"
 log = logging.getLogger(__name__)
@@ -119,7 +119,7 @@ def quantize_causal_lm(
             programs, target=target, group_size=group_size, keep_float=keep_float,
             mapping=group_mapping or default_group_mapping(recipe), int8_weights=int8_weights,
             embedding_weights=embedding_weights, calibration_samples=len(calibration),
-            block_scales=scales,
+            block_scales=scales, smoothing_texts=min(TEXTS, len(calibration)) if scales else 0,
         )
     bits = weight_bits(recipe)
 
