@@ -122,6 +122,14 @@ def smoothable_inputs(
     return found
 
 
+def weight_path(linear: torch.fx.Node) -> str:
+    """The path of a smoothable input's linear's weight (`smoothable_inputs` checked it is a
+    get_attr)."""
+    weight = linear.args[1]
+    assert isinstance(weight, torch.fx.Node)
+    return str(weight.target)
+
+
 def per_token_int8(x: torch.Tensor) -> torch.Tensor:
     """`x` rounded as 8da4w's activations are: asymmetric int8, one scale per row."""
     low = x.amin(-1, keepdim=True).clamp(max=0)
@@ -159,7 +167,7 @@ def apply_scales(gm: torch.fx.GraphModule, scales: Mapping[str, BlockScale],
     source program). `scales` are keyed by their first divided constant. Returns the scales
     applied (an input `gm` does not have, or not as a smoothable one, is skipped)."""
     applied = []
-    for x, (divided, linears) in smoothable_inputs(gm, lambda n, w: True, group_size).items():
+    for divided, linears in smoothable_inputs(gm, lambda n, w: True, group_size).values():
         scale = scales.get(divided[0])
         if scale is None or scale.factor == 1 or scale.divided != divided:
             continue
@@ -167,10 +175,7 @@ def apply_scales(gm: torch.fx.GraphModule, scales: Mapping[str, BlockScale],
         for path in divided:
             _scale(gm, path, (cols,), 1 / scale.factor)
         for linear in linears:
-            weight = linear.args[1]
-            assert isinstance(weight, torch.fx.Node)  # smoothable_inputs: a get_attr
-            _scale(gm, str(weight.target), (slice(None), cols), scale.factor)
-        del x
+            _scale(gm, weight_path(linear), (slice(None), cols), scale.factor)
         applied.append(scale)
     return applied
 

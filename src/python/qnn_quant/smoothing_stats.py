@@ -13,7 +13,13 @@ import torch
 from torch.export import ExportedProgram
 
 from qnn_common.llm import LlmSpec, feed, method_steps
-from qnn_quant.smoothed_blocks import MAX_ROWS, BlockScale, choose_scale, smoothable_inputs
+from qnn_quant.smoothed_blocks import (
+    MAX_ROWS,
+    BlockScale,
+    choose_scale,
+    smoothable_inputs,
+    weight_path,
+)
 
 # Calibration texts read to choose the factors: a few hundred tokens show where the large
 # channels are (they are the same channels in every text).
@@ -61,10 +67,7 @@ def choose_block_scales(
         gm = ep.module()
         assert isinstance(gm, torch.fx.GraphModule)
         for x, (divided, linears) in smoothable_inputs(gm, eligible, group_size).items():
-            weights[divided] = [
-                operator.attrgetter(str(lin.args[1].target))(gm)  # type: ignore[union-attr]
-                for lin in linears
-            ]
+            weights[divided] = [operator.attrgetter(weight_path(lin))(gm) for lin in linears]
             with gm.graph.inserting_after(x):
                 gm.graph.call_function(rows.recorder(divided), (x,))
         gm.recompile()
