@@ -24,6 +24,7 @@ from qnn_infer.generate import PteLm, generate
 from qnn_pipeline.context import PipelineContext
 from qnn_pipeline.orchestrator import run_pipeline
 from qnn_prepare.api import run_prepare
+from qnn_prepare.causal_lm.attention_sink import after_sink, sink_table
 from qnn_prepare.causal_lm.export import export_methods, load_causal_lm
 from qnn_prepare.causal_lm.kv_io import export_kv_io_methods, kv_layout
 from qnn_prepare.causal_lm.tiny_decoders import save_tiny_decoder
@@ -220,6 +221,39 @@ def test_kv_as_io_export_matches_eager_and_hands_over(family: str, tmp_path: Pat
           for i, t in enumerate(tokens[13:])),
     ])
     torch.testing.assert_close(handed_over, full, atol=1e-4, rtol=1e-4)
+
+
+def test_kv_as_io_with_an_attention_sink_runs_each_text_after_its_token(tmp_path: Path) -> None:
+    """The sink's keys and values, computed once by the float prefill, fill the cache's first
+    slot; a caller's position 0 is slot 1, so every text runs as eager does after that token,
+    and the context is one token shorter."""
+    lm = load_causal_lm(str(_tiny_family("llama", tmp_path / "llama")), max_seq_len=32,
+                        prefill_len=8)
+    programs, rope = export_kv_io_methods(lm)
+    spec = dataclasses.replace(lm.spec, kv_layout=kv_layout(lm), sink_token_id=7)
+    sink = sink_table(programs, spec, rope)
+    assert len(sink) == 2 and sink[0][0].shape == (1, 2, 1, 16)
+    modules = {m: p.module() for m, p in programs.items()}
+    prefill, decode = method_steps(spec, module_runner(modules, spec), rope, sink)
+    tokens = torch.randint(0, 128, (13,), generator=torch.Generator().manual_seed(3)).tolist()
+    with torch.no_grad():
+        after = lm.hf(input_ids=torch.tensor([[7, *tokens]])).logits[0, 1:]
+        alone = lm.hf(input_ids=torch.tensor([tokens])).logits[0]
+    handed_over = torch.cat([
+        feed(prefill, decode, tokens[:10], 0, spec),  # 8 in prefill, 2 through decode
+        *(decode(torch.tensor([[t]]), torch.tensor([10 + i]))[0]
+          for i, t in enumerate(tokens[10:])),
+    ])
+    torch.testing.assert_close(handed_over, after, atol=1e-4, rtol=1e-4)
+    assert not torch.allclose(handed_over, alone, atol=1e-2)  # the sink is really read
+    assert spec.context == 31
+    with pytest.raises(ConfigValidationError, match="context of 31"):
+        feed(prefill, decode, tokens * 3, 0, spec)
+    with pytest.raises(ValueError, match="keys and values for each of 2 layers"):
+        method_steps(spec, module_runner(modules, spec), rope)
+    # Sequences opening with the sink's token (a chat conversation) start after it.
+    opened = after_sink([torch.tensor([7, 1, 2]), torch.tensor([1, 7])], spec)
+    assert [s.tolist() for s in opened] == [[1, 2], [1, 7]]
 
 
 def _tiny_family(name: str, directory: Path) -> Path:

@@ -102,6 +102,44 @@ def test_tokenizer_and_chat_template_work_through_the_artifact(
     assert tokenizer.decode(plain) == QUESTION and IM_START not in plain
 
 
+def test_kv_io_export_opens_on_the_attention_sink(
+    sliced: Path, model: Any, tmp_path: Path
+) -> None:
+    """The QNN form's cache opens on <|im_start|> (its BOS), computed in float: the sink table
+    holds each layer's keys and values, every text runs after it (a chat conversation's own
+    leading <|im_start|> dropped), and the fp32 reference is eager's logits after it."""
+    from qnn_common.stages import CALIBRATION, EVAL_INPUTS, REFERENCE_FP32, sink_of
+    from qnn_common.torchio.samples import load_samples
+
+    config = PrepareConfig(model=str(sliced), kv_cache=True, kv_io=True, calibration_samples=2,
+                           eval_samples=1, max_seq_len=64, prefill_len=16)
+    prepared = run_prepare(PrepareInput(config, tmp_path / "sink")).artifact_dir
+    manifest = load_manifest(prepared, expect_stage=Stage.PREPARE)
+    spec = llm_spec_of(prepared, manifest)
+    assert spec is not None and spec.sink_token_id == IM_START and spec.context == 63
+    sink = sink_of(prepared, manifest)
+    assert sink is not None and len(sink) == LAYERS
+    assert all(k.shape == v.shape == (1, KV_HEADS, 1, HIDDEN // HEADS) for k, v in sink)
+    chat, text = (s[0] for s in load_samples(prepared / CALIBRATION))
+    assert int(chat[0]) != IM_START and len(chat) == 31  # the window less its <|im_start|>
+    (eval_text,) = (s[0] for s in load_samples(prepared / EVAL_INPUTS))
+    (reference,) = (s[0] for s in load_samples(prepared / REFERENCE_FP32))
+    with torch.no_grad():
+        after = model(input_ids=torch.tensor([[IM_START, *eval_text.tolist()]])).logits[0, 1:]
+    torch.testing.assert_close(reference, after)
+    tokenizer = load_tokenizer(prepared)
+    ids = prompt_ids(tokenizer, GenerationConfig(prompt=QUESTION, chat=True), spec)
+    assert ids[0] != IM_START and ids.count(IM_START) == 2  # the first is the sink's
+
+    off = run_prepare(PrepareInput(
+        PrepareConfig(**{**config.__dict__, "attention_sink": False}), tmp_path / "off",
+    )).artifact_dir
+    off_manifest = load_manifest(off, expect_stage=Stage.PREPARE)
+    off_spec = llm_spec_of(off, off_manifest)
+    assert off_spec is not None and off_spec.sink_token_id is None
+    assert sink_of(off, off_manifest) is None
+
+
 def test_slice_through_xnnpack_8da4w(sliced: Path, tmp_path: Path) -> None:
     """The real weights through the 8da4w recipe: every decoder linear of the slice (7 per
     layer, fused into 4: q+k+v, o, gate+up, down) is a qd8 x qb4w XNNPACK node, the 49,152 x

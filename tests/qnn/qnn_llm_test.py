@@ -26,6 +26,7 @@ from qnn_common.stages import (
     llm_spec_of,
     program_files,
     rope_of,
+    sink_of,
 )
 from qnn_common.torchio.programs import load_program
 from qnn_infer.api import run_infer
@@ -204,7 +205,8 @@ def _fake_quant_generation(
         m: reference_module(load_program(quantized / f))
         for m, f in program_files(quantized, manifest).items()
     }
-    steps = method_steps(spec, module_runner(modules, spec), rope_of(quantized, manifest))
+    steps = method_steps(spec, module_runner(modules, spec), rope_of(quantized, manifest),
+                         sink_of(quantized, manifest))
     cfg = GenerationConfig(prompt=QUESTION, chat=True, max_new_tokens=SMOL_TOKENS)
     return generate(*steps, ids, cfg, spec, str, decode_up_to=decode_up_to).tokens
 
@@ -240,15 +242,19 @@ def test_smollm2_slice_16a8w_generates_on_the_htp_what_the_fake_quant_model_does
     fake_quant = _fake_quant_generation(
         artifacts["quantize"], ids, infer.metrics["generation"]["prompt_decode_up_to"]
     )
+    # The program's cache opens on the attention sink, <|im_start|>, the token the chat prompt
+    # opens with (prompt_ids starts after it): eager reads the whole prompt.
+    assert spec.sink_token_id == 1
+    full = [spec.sink_token_id, *ids]
     hf = AutoModelForCausalLM.from_pretrained(str(sliced), local_files_only=True).eval()
     with torch.no_grad():
-        eager = hf.generate(torch.tensor([ids]), max_new_tokens=SMOL_TOKENS, do_sample=False)
+        eager = hf.generate(torch.tensor([full]), max_new_tokens=SMOL_TOKENS, do_sample=False)
     # A 2-layer cut of a 30-layer model has nearly tied logits (eager repeats " I" from the
     # fourth token on), so a near-tie may flip late. Measured: the program equals fake quant for
     # the first 5 tokens and flips at the 6th, fake quant and eager agree on the first 5;
     # decode with the unshared LM-head scale left fake quant at the 2nd token already.
     assert program[:FIRST] == fake_quant[:FIRST]
-    assert fake_quant[:FIRST] == tuple(eager[0, len(ids):len(ids) + FIRST].tolist())
+    assert fake_quant[:FIRST] == tuple(eager[0, len(full):len(full) + FIRST].tolist())
     # The backend does what the quantized program says on the teacher-forced text (60 dB).
     assert summary["accuracy"]["sqnr_db_vs_fake_quant"] >= 35
     print("smollm2 slice 16a8w on the HTP:", program, fake_quant, summary["pte_bytes"])

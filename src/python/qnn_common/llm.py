@@ -47,9 +47,9 @@ def feed(
     n = len(tokens)
     if n == 0:
         raise ValueError("no tokens to feed")
-    if start + n > spec.max_seq_len:
+    if start + n > spec.context:
         raise ConfigValidationError(
-            "generation", f"{start + n} tokens", f"exceed the context of {spec.max_seq_len}"
+            "generation", f"{start + n} tokens", f"exceed the context of {spec.context}"
         )
     chunk = spec.prefill_len
     ids = torch.tensor(tokens, dtype=torch.int64)
@@ -58,7 +58,7 @@ def feed(
     while pos < n:
         take = min(chunk, n - pos)
         at = start + pos
-        if take == chunk or (take > decode_up_to and at + chunk <= spec.max_seq_len):
+        if take == chunk or (take > decode_up_to and at + chunk <= spec.context):
             window = torch.full((chunk,), spec.pad_token_id, dtype=torch.int64)
             window[:take] = ids[pos : pos + take]
             out = prefill(window[None], torch.arange(at, at + chunk, dtype=torch.int64))
@@ -82,16 +82,24 @@ def teacher_forced_logits(
 MethodRunner = Callable[[str, Sequence[torch.Tensor]], Sequence[torch.Tensor]]
 
 
+# An attention sink's keys and values: per layer, (k, v) of its one position, each
+# [1, kv_heads, 1, head_dim] (`LlmSpec.sink_token_id`).
+SinkTable = Sequence[tuple[torch.Tensor, torch.Tensor]]
+
+
 class KvIoCache:
     """The host half of a program whose cache is inputs and outputs (qnn_prepare.causal_lm.kv_io).
 
-    Holds keys and values for `max_seq_len` positions. A method taking n tokens at position
-    `start` reads the first ``max_seq_len - n`` slots (the past; valid below `start`, masked from
-    there on) and returns the n new entries, written back at start..start+n-1.
+    Holds keys and values for `max_seq_len` slots. A method taking n tokens at slot `start`
+    reads the first ``max_seq_len - n`` slots (the past; valid below `start`, masked from there
+    on) and returns the n new entries, written back at start..start+n-1. With an attention sink
+    (`LlmSpec.sink_token_id`), slot 0 holds the sink's entries from `sink` and a caller's
+    position p is slot p + 1.
     """
 
     def __init__(
-        self, spec: LlmSpec, layout: KvLayout, rope: tuple[torch.Tensor, torch.Tensor]
+        self, spec: LlmSpec, layout: KvLayout, rope: tuple[torch.Tensor, torch.Tensor],
+        sink: SinkTable | None = None,
     ) -> None:
         self.spec = spec
         self.layout = layout
@@ -99,13 +107,24 @@ class KvIoCache:
         shape = (1, layout.kv_heads, spec.max_seq_len, layout.head_dim)
         self.keys = [torch.zeros(shape) for _ in range(layout.layers)]
         self.values = [torch.zeros(shape) for _ in range(layout.layers)]
+        self.shift = 0
+        if spec.sink_token_id is not None:
+            if sink is None or len(sink) != layout.layers:
+                raise ValueError(
+                    f"a program with an attention sink needs its keys and values for each of "
+                    f"{layout.layers} layers (the artifact's sink table)"
+                )
+            for i, (k, v) in enumerate(sink):
+                self.keys[i][:, :, :1] = k
+                self.values[i][:, :, :1] = v
+            self.shift = 1
 
     def inputs(
         self, input_ids: torch.Tensor, cache_position: torch.Tensor, n: int
     ) -> tuple[torch.Tensor, ...]:
         """(input_ids, cos, sin, additive mask, k_0, v_0, ...) for a method of n tokens."""
         past = self.spec.max_seq_len - n
-        start = int(cache_position[0])
+        start = int(cache_position[0]) + self.shift
         if start > past:
             raise ValueError(f"position {start} leaves no room for {n} token(s)")
         mask = torch.full((n, past + n), MASK_VALUE)
@@ -126,7 +145,7 @@ class KvIoCache:
         def step(input_ids: torch.Tensor, cache_position: torch.Tensor) -> torch.Tensor:
             n = int(input_ids.shape[1])
             outputs = run(method, self.inputs(input_ids, cache_position, n))
-            start = int(cache_position[0])
+            start = int(cache_position[0]) + self.shift
             for i in range(self.layout.layers):
                 self.keys[i][:, :, start : start + n] = outputs[1 + 2 * i]
                 self.values[i][:, :, start : start + n] = outputs[2 + 2 * i]
@@ -136,10 +155,12 @@ class KvIoCache:
 
 
 def method_steps(
-    spec: LlmSpec, run: MethodRunner, rope: tuple[torch.Tensor, torch.Tensor] | None = None
+    spec: LlmSpec, run: MethodRunner, rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+    sink: SinkTable | None = None,
 ) -> tuple[StepFn, StepFn]:
     """Prefill and decode StepFns over `run`, whichever way the program keeps its cache (with a
-    KV layout, through a fresh host cache shared by the two, fed from the `rope` table)."""
+    KV layout, through a fresh host cache shared by the two, fed from the `rope` table and,
+    with an attention sink, from its `sink` table)."""
     if spec.kv_layout is None:
         return (
             lambda ids, pos: run(PREFILL, (ids, pos))[0],
@@ -147,5 +168,5 @@ def method_steps(
         )
     if rope is None:
         raise ValueError("a program with its KV cache as inputs needs its rotary table")
-    cache = KvIoCache(spec, spec.kv_layout, rope)
+    cache = KvIoCache(spec, spec.kv_layout, rope, sink)
     return cache.step(run, PREFILL), cache.step(run, DECODE)

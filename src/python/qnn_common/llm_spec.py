@@ -49,17 +49,33 @@ class LlmSpec:
     # None: the program keeps its cache in mutable buffers (shared by its methods). Set: the cache
     # is the methods' inputs and outputs, with this layout, and the host keeps it (`KvIoCache`).
     kv_layout: KvLayout | None = None
+    # Set (only with `kv_layout`): the cache's first slot always holds this token's keys and
+    # values, computed in float when the program was prepared (`SINK_TABLE`), and every text
+    # the methods see follows it. The host shifts each position by one, so callers still count
+    # from 0 in a context one token shorter (`context`). Why: a decoder's first token carries
+    # activations hundreds of times larger than any other's, and a program that never computes
+    # it quantizes the rest on a far finer grid (docs/llm.md, "Attention sink").
+    sink_token_id: int | None = None
 
     def __post_init__(self) -> None:
         if self.prefill_len < 1 or self.max_seq_len < 2:
             raise ConfigValidationError(
                 "llm", asdict(self), "prefill_len must be >= 1 and max_seq_len >= 2"
             )
+        if self.sink_token_id is not None and self.kv_layout is None:
+            raise ConfigValidationError(
+                "llm", asdict(self), "an attention sink needs a cache the host keeps (kv_layout)"
+            )
         if self.prefill_len > self.max_seq_len:
             raise ConfigValidationError(
                 "prepare.prefill_len", self.prefill_len,
                 f"must not exceed max_seq_len ({self.max_seq_len})",
             )
+
+    @property
+    def context(self) -> int:
+        """How many tokens a caller can feed: the cache, less the sink's slot if there is one."""
+        return self.max_seq_len - (self.sink_token_id is not None)
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "stop_token_ids": list(self.stop_token_ids)}
@@ -73,6 +89,8 @@ class LlmSpec:
             stop_token_ids=tuple(int(t) for t in data.get("stop_token_ids", ())),
             pad_token_id=int(data.get("pad_token_id", 0)),
             kv_layout=None if data.get("kv_layout") is None else KvLayout(**data["kv_layout"]),
+            sink_token_id=None if data.get("sink_token_id") is None else int(
+                data["sink_token_id"]),
         )
 
 
@@ -163,16 +181,19 @@ def check_fits(prompt_tokens: int, max_new_tokens: int, spec: LlmSpec) -> None:
     """Refuse, before any work, a prompt plus generation that cannot fit in the cache."""
     if prompt_tokens < 1:
         raise ConfigValidationError("generation.prompt", prompt_tokens, "tokenizes to nothing")
-    if prompt_tokens >= spec.max_seq_len:
+    context = spec.context
+    sink = " (max_seq_len, less the attention sink's slot)" if context < spec.max_seq_len else (
+        " (max_seq_len)")
+    if prompt_tokens >= context:
         raise ConfigValidationError(
             "generation.prompt", f"{prompt_tokens} tokens",
-            f"longer than the program's context of {spec.max_seq_len} tokens (max_seq_len) "
+            f"longer than the program's context of {context} tokens{sink} "
             "with room for one new token; shorten the prompt or export with a larger "
             "--max-seq-len",
         )
-    if prompt_tokens + max_new_tokens > spec.max_seq_len:
+    if prompt_tokens + max_new_tokens > context:
         raise ConfigValidationError(
             "generation.max_new_tokens", max_new_tokens,
             f"{prompt_tokens} prompt tokens + {max_new_tokens} new exceed the context of "
-            f"{spec.max_seq_len} tokens; ask for at most {spec.max_seq_len - prompt_tokens}",
+            f"{context} tokens{sink}; ask for at most {context - prompt_tokens}",
         )

@@ -45,12 +45,13 @@ TOKENIZER_DIR = "tokenizer"
 ETRECORD = "etrecord.bin"
 ETDUMP = "etdump.etdp"
 ROPE_TABLE = "rope_table.pt"  # a KV-as-inputs LLM's (cos, sin) per position, fed by the host
+SINK_TABLE = "sink_table.pt"  # its attention sink's (k, v) per layer, in the cache's first slot
 
 
 # Files a stage hands on unchanged from its input artifact, so infer can judge and drive the
 # program without reaching back up the chain. A stage that writes one of them itself (quantize
 # its fake-quant reference) does not take it from upstream: its input has none.
-CARRIED = (EVAL_INPUTS, REFERENCE_FP32, REFERENCE_FAKE_QUANT, ROPE_TABLE)
+CARRIED = (EVAL_INPUTS, REFERENCE_FP32, REFERENCE_FAKE_QUANT, ROPE_TABLE, SINK_TABLE)
 
 
 def carry_forward(source: Path, upstream: Manifest, out: Path) -> list[str]:
@@ -92,6 +93,17 @@ def rope_of(source: Path, manifest: Manifest) -> tuple[torch.Tensor, torch.Tenso
         raise ArtifactError(source / ROPE_TABLE, "expected one (cos, sin) pair")
     cos, sin = samples[0]
     return cos, sin
+
+
+def sink_of(source: Path, manifest: Manifest) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
+    """The attention sink's keys and values per layer an LLM artifact carries, or None."""
+    if manifest.file(SINK_TABLE) is None:
+        return None
+    samples = load_samples(source / SINK_TABLE)
+    if len(samples) != 1 or len(samples[0]) % 2:
+        raise ArtifactError(source / SINK_TABLE, "expected one (k, v, k, v, ...) tuple")
+    flat = samples[0]
+    return [(flat[i], flat[i + 1]) for i in range(0, len(flat), 2)]
 
 
 def llm_spec_of(source: Path, manifest: Manifest) -> LlmSpec | None:

@@ -25,6 +25,7 @@ from qnn_common.llm import (
     PREFILL,
     GenerationConfig,
     LlmSpec,
+    SinkTable,
     StepFn,
     check_fits,
     feed,
@@ -65,7 +66,8 @@ class PteLm:
     """The prefill and decode methods of a causal-LM .pte, loaded in the ExecuTorch runtime."""
 
     def __init__(
-        self, pte: Path, spec: LlmSpec, rope: tuple[torch.Tensor, torch.Tensor] | None = None
+        self, pte: Path, spec: LlmSpec, rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+        sink: SinkTable | None = None,
     ) -> None:
         program = host_runtime().load_program(str(pte))
         missing = {PREFILL, DECODE} - set(program.method_names)
@@ -76,7 +78,7 @@ class PteLm:
             )
         self._methods = {m: program.load_method(m) for m in (PREFILL, DECODE)}
         self._bounds = {m: bound_for(f"running {m} of {pte}") for m in (PREFILL, DECODE)}
-        self.prefill, self.decode = method_steps(spec, self._run, rope)
+        self.prefill, self.decode = method_steps(spec, self._run, rope, sink)
         self.fastest: dict[str, float] = {}  # method -> seconds of its fastest call so far
 
     def _run(self, name: str, inputs: Sequence[torch.Tensor]) -> Sequence[torch.Tensor]:

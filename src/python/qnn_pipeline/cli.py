@@ -113,6 +113,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "LLM custom ops (update_cache, custom_sdpa; the runtime must link them) "
                    "instead of plain ATen ops (default: on for xnnpack, off for portable; qnn "
                    "keeps its cache on the host)")
+    p.add_argument("--no-attention-sink", action="store_true",
+                   help="qnn causal LMs: the program computes the first token too, instead "
+                   "of the host holding the tokenizer's BOS in the cache's first slot, "
+                   "computed in float; qnn-prepare --help says more")
     add_inputs_arg(p)
     add_htp_performance_mode_arg(p, default=None)
     add_weight_sharing_arg(p)
@@ -152,7 +156,8 @@ def context_from_args(args: argparse.Namespace) -> PipelineContext:
                     # A prompt asks for generation: the causal LM is exported with a KV cache.
                     "kv_cache": True if generation is not None else None,
                     "max_seq_len": args.max_seq_len, "prefill_len": args.prefill_len,
-                    "custom_ops": args.custom_ops},
+                    "custom_ops": args.custom_ops,
+                    "attention_sink": False if args.no_attention_sink else None},
         "quantize": {"group_size": args.group_size, "block_size": args.block_size,
                      "group_mapping": args.group_mapping,
                      "embedding_weights": args.embedding_weights,

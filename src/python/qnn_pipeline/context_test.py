@@ -368,7 +368,7 @@ def test_load_unknown_stage_key_names_path_and_lists_allowed(write_toml: WriteTo
     assert msg.startswith("prepare.seqlen: 64 is invalid: unknown key")
     assert err.allowed == ("seq_len", "calibration_samples", "eval_samples", "calibration_file",
                            "seed", "kv_cache", "max_seq_len", "prefill_len", "kv_io",
-                           "custom_ops")
+                           "custom_ops", "attention_sink")
     assert "seq_len" in msg
 
 

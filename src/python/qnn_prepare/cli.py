@@ -58,6 +58,12 @@ def build_parser() -> argparse.ArgumentParser:
                      help="context length of the cache (default: min(512, "
                      "max_position_embeddings))")
     llm.add_argument("--prefill-len", type=int, help="tokens per prefill call (default: 32)")
+    llm.add_argument("--no-attention-sink", action="store_true",
+                     help="with --kv-io: compute every token in the program, the first one "
+                     "too; by default the cache's first slot holds the tokenizer's BOS token, "
+                     "computed here in float, and every text follows it, so the program never "
+                     "computes the first token's outsized activations and 16-bit activations "
+                     "get a finer grid")
     add_logging_args(p)
     return p
 
@@ -90,6 +96,7 @@ def _main(argv: Sequence[str] | None) -> int:
         custom_ops=args.custom_ops,
         max_seq_len=args.max_seq_len,
         prefill_len=args.prefill_len,
+        attention_sink=not args.no_attention_sink,
     )
     result = run_prepare(PrepareInput(config=config, out_dir=args.out))
     print(f"prepared {args.model} -> {result.artifact_dir}")

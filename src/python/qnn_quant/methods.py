@@ -24,7 +24,15 @@ from tqdm import tqdm
 from qnn_common.cli.noise import native_noise_filtered
 from qnn_common.config import DEFAULT_LPBQ_BLOCK
 from qnn_common.errors import StageError
-from qnn_common.llm import DECODE, PREFILL, LlmSpec, MethodRunner, feed, method_steps
+from qnn_common.llm import (
+    DECODE,
+    PREFILL,
+    LlmSpec,
+    MethodRunner,
+    SinkTable,
+    feed,
+    method_steps,
+)
 from qnn_common.recipes import (
     DEFAULT_EMBEDDING_WEIGHTS,
     DEFAULT_GROUP_SIZE,
@@ -80,6 +88,7 @@ def quantize_causal_lm(
     keep_float: Sequence[str] | None = None,
     progress: bool = True,
     rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+    sink: SinkTable | None = None,
     weight_rounding: WeightRounding | None = None,
     dynamic_layers: Sequence[str] | None = None,
     group_size: int = DEFAULT_GROUP_SIZE,
@@ -89,7 +98,8 @@ def quantize_causal_lm(
     smooth_blocks: bool = True,
 ) -> tuple[dict[str, ExportedProgram], GptqResult | IntxResult | None]:
     """Quantize prefill and decode with shared scales, calibrating on token sequences (`rope`:
-    the rotary table of a program whose cache is its inputs and outputs). With GPTQ (the
+    the rotary table of a program whose cache is its inputs and outputs; `sink`: its attention
+    sink's keys and values, when it has one). With GPTQ (the
     default for 4-bit weights) both methods' inputs shape one rounding of the shared weights.
     Returns the programs and what GPTQ did (None when weights rounded to nearest). 8da4w
     (`qnn_quant.intx`) calibrates no scale: with `smooth_blocks`, a few texts choose each norm's
@@ -124,7 +134,7 @@ def quantize_causal_lm(
     bits = weight_bits(recipe)
 
     def calibrate(modules: Mapping[str, torch.nn.Module], desc: str) -> None:
-        prefill, decode = method_steps(spec, module_runner(modules, spec), rope)
+        prefill, decode = method_steps(spec, module_runner(modules, spec), rope, sink)
         for sequence in tqdm(calibration, desc=desc, unit="text", disable=not progress):
             feed(prefill, decode, sequence.tolist(), 0, spec)
             for module in modules.values():

@@ -47,6 +47,11 @@ class PrepareConfig:
     # custom_sdpa) instead of transformers' static cache; what ExecuTorch's own Llama export does
     # for XNNPACK. The pipeline sets it from the backend (`BackendTraits.llm_custom_ops`).
     custom_ops: bool = False
+    # With kv_io: the cache's first slot holds the tokenizer's BOS token, computed in float here,
+    # and every text follows it (`LlmSpec.sink_token_id`): the program never computes the
+    # first token's outsized activations, so 16-bit activations get a far finer grid. No effect
+    # on a model whose tokenizer has no BOS token.
+    attention_sink: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model.strip():

@@ -25,6 +25,7 @@ from qnn_common.llm import (
     PREFILL,
     GenerationConfig,
     LlmSpec,
+    SinkTable,
     feed,
     teacher_forced_logits,
 )
@@ -42,6 +43,7 @@ from qnn_common.stages import (
     compiled_for,
     llm_spec_of,
     rope_of,
+    sink_of,
 )
 from qnn_common.store.artifact_dir import begin_artifact
 from qnn_common.torchio.hf_untrusted import HF_LOAD, refuse_custom_code
@@ -85,8 +87,14 @@ def prompt_ids(tokenizer: Any | None, cfg: GenerationConfig, spec: LlmSpec) -> l
         text = render_chat_prompt(tokenizer, cfg.prompt, Path(TOKENIZER_DIR))
         # What apply_chat_template(tokenize=True) does with the text: the template has put the
         # special tokens in already.
-        return [int(i) for i in tokenizer(text, add_special_tokens=False)["input_ids"]]
-    return [int(i) for i in tokenizer(cfg.prompt, add_special_tokens=False)["input_ids"]]
+        ids = [int(i) for i in tokenizer(text, add_special_tokens=False)["input_ids"]]
+    else:
+        ids = [int(i) for i in tokenizer(cfg.prompt, add_special_tokens=False)["input_ids"]]
+    # The cache's first slot holds the attention sink already: a prompt opening with that token
+    # (every chat template's conversation does) starts after it, as the float model reads it.
+    if spec.sink_token_id is not None and len(ids) > 1 and ids[0] == spec.sink_token_id:
+        return ids[1:]
+    return ids
 
 
 def program_logits(compiled: Path) -> list[torch.Tensor]:
@@ -98,7 +106,7 @@ def program_logits(compiled: Path) -> list[torch.Tensor]:
     if spec is None:
         raise ArtifactError(compiled, "holds no causal LM to run teacher-forced")
     prepare_runtime(delegates_in(compiled / PTE))
-    lm = PteLm(compiled / PTE, spec, rope_of(compiled, manifest))
+    lm = PteLm(compiled / PTE, spec, rope_of(compiled, manifest), sink_of(compiled, manifest))
     texts = [sample[0] for sample in load_samples(compiled / EVAL_INPUTS)]
     return teacher_forced_logits(lm.prefill, lm.decode, texts, spec)
 
@@ -205,11 +213,11 @@ def run(
     runtime = prepare_runtime({target.backend})
     generation_cfg = cfg.generation or GenerationConfig()
     threads = set_cpu_threads(cfg.threads)
-    rope = rope_of(inp.source, upstream)
+    rope, sink = rope_of(inp.source, upstream), sink_of(inp.source, upstream)
     check_pte_header(pte)
-    rehearse_unless_own(pte, _generating(pte, spec, rope))
+    rehearse_unless_own(pte, _generating(pte, spec, rope, sink))
     out = begin_artifact(inp.out_dir, inputs=[inp.source])
-    lm = PteLm(pte, spec, rope)
+    lm = PteLm(pte, spec, rope, sink)
     t = time.perf_counter()
     accuracy = teacher_forced_accuracy(lm, inp.source, spec, have)
     check_s = time.perf_counter() - t
@@ -237,15 +245,16 @@ def run(
 
 
 def _generating(
-    pte: Path, spec: LlmSpec, rope: tuple[torch.Tensor, torch.Tensor] | None
+    pte: Path, spec: LlmSpec, rope: tuple[torch.Tensor, torch.Tensor] | None,
+    sink: SinkTable | None,
 ) -> Rehearsal:
     """A causal LM: load both methods, then one prefill window and one decode step."""
 
     def rehearsal(step: Step) -> None:
         step("loading it")
-        lm = PteLm(pte, spec, rope)
+        lm = PteLm(pte, spec, rope, sink)
         step("running prefill and decode")
-        tokens = [spec.pad_token_id] * min(spec.prefill_len + 1, spec.max_seq_len)
+        tokens = [spec.pad_token_id] * min(spec.prefill_len + 1, spec.context)
         feed(lm.prefill, lm.decode, tokens, 0, spec)
 
     return rehearsal

@@ -328,10 +328,21 @@ def export_methods(
     return out
 
 
-def eager_logits(lm: CausalLm, sequences: list[torch.Tensor]) -> list[torch.Tensor]:
-    """The HF model's own logits [len, vocab] over each full sequence, no cache: the reference."""
+def eager_logits(
+    lm: CausalLm, sequences: list[torch.Tensor], sink_token_id: int | None = None
+) -> list[torch.Tensor]:
+    """The HF model's own logits [len, vocab] over each full sequence, no cache: the reference.
+    With an attention sink (`attention_sink`), each sequence as the program sees it: after
+    that token (whose own logits are dropped)."""
+    out = []
     with torch.no_grad():
-        return [lm.hf(input_ids=s[None], use_cache=False).logits[0].float() for s in sequences]
+        for s in sequences:
+            if sink_token_id is None:
+                out.append(lm.hf(input_ids=s[None], use_cache=False).logits[0].float())
+                continue
+            ids = torch.cat([torch.tensor([sink_token_id], dtype=s.dtype), s])
+            out.append(lm.hf(input_ids=ids[None], use_cache=False).logits[0, 1:].float())
+    return out
 
 
 def text_sequences(

@@ -24,8 +24,9 @@ from torch import nn
 
 from qnn_common.config import PrepareConfig
 from qnn_common.llm import MASK_VALUE
-from qnn_common.stages import ROPE_TABLE, TOKENIZER_DIR
+from qnn_common.stages import ROPE_TABLE, SINK_TABLE, TOKENIZER_DIR
 from qnn_common.torchio.hf_untrusted import HF_LOAD
+from qnn_prepare.causal_lm.attention_sink import after_sink, flat, sink_table, sink_token
 from qnn_prepare.causal_lm.chat_calibration import chat_sequences
 from qnn_prepare.causal_lm.export import (
     eager_logits,
@@ -164,21 +165,29 @@ def _export_kv_cache(config: PrepareConfig) -> TaskExport:
     else:
         programs = export_methods(lm, custom_ops=config.custom_ops)
     timings["export_s"] = time.perf_counter() - t
+    sink = None
+    token = sink_token(lm) if config.attention_sink else None
+    if token is not None and rope is not None:
+        spec = dataclasses.replace(spec, sink_token_id=token)
+        sink = sink_table(programs, spec, rope)
+        log.info("attention sink: token %d's keys and values fill the cache's first slot", token)
     log.info("exported %s (%s) in %.1f s", lm.name, ", ".join(programs), timings["export_s"])
 
     # Windows of two prefill chunks: every sample crosses a chunk boundary, so calibration and
     # the teacher-forced eval see the cache being read, not only written.
-    length = min(spec.max_seq_len, 2 * spec.prefill_len)
+    length = min(spec.context, 2 * spec.prefill_len)
     # An instruct model also sees its chat format: half the windows are conversations.
     chat = chat_sequences(lm, config.calibration_samples // 2, length)
-    calibration = chat + text_sequences(lm, config.calibration_samples - len(chat), length)
+    calibration = after_sink(
+        chat + text_sequences(lm, config.calibration_samples - len(chat), length), spec
+    )
     # Never the calibration text: windows of the held-out text, one after the other (each token
     # counts once in the perplexity until the text runs out).
     eval_tokens = text_sequences(
         lm, config.eval_samples, length, text=lm.texts.eval, stride=length
     )
     t = time.perf_counter()
-    reference = eager_logits(lm, eval_tokens)
+    reference = eager_logits(lm, eval_tokens, spec.sink_token_id)
     timings["reference_s"] = time.perf_counter() - t
 
     for name, data in sorted(lm.tokenizer_files.items()):
@@ -206,6 +215,9 @@ def _export_kv_cache(config: PrepareConfig) -> TaskExport:
             },
             "eval": {"source": lm.texts.eval_source, "tokens_per_sample": length},
         },
-        tables={ROPE_TABLE: [rope]} if rope is not None else {},
+        tables={
+            **({ROPE_TABLE: [rope]} if rope is not None else {}),
+            **({SINK_TABLE: [flat(sink)]} if sink is not None else {}),
+        },
         llm=spec.to_json(),
     )

@@ -20,6 +20,7 @@ from qnn_common.stages import (
     QuantizeInput,
     llm_spec_of,
     rope_of,
+    sink_of,
 )
 from qnn_common.torchio.samples import load_samples
 from qnn_quant.families import Quantized
@@ -39,14 +40,14 @@ def quantize(
     assert spec is not None  # family_for picked this family for its LLM record
     calibration = [s[0] for s in load_samples(inp.source / CALIBRATION)]
     eval_tokens = [s[0] for s in load_samples(inp.source / EVAL_INPUTS)]
-    rope = rope_of(inp.source, src)
+    rope, sink = rope_of(inp.source, src), sink_of(inp.source, src)
     timings: dict[str, float] = {}
 
     t = time.perf_counter()
     quantized, weights = quantize_causal_lm(
         programs, target=cfg.target, recipe=cfg.recipe, spec=spec, calibration=calibration,
         per_channel=cfg.per_channel, block_size=cfg.block_size, keep_float=cfg.keep_float,
-        rope=rope, weight_rounding=cfg.rounding, dynamic_layers=cfg.dynamic_layers,
+        rope=rope, sink=sink, weight_rounding=cfg.rounding, dynamic_layers=cfg.dynamic_layers,
         group_size=cfg.group_size, group_mapping=cfg.group_mapping,
         int8_weights=cfg.int8_weights,
         embedding_weights=cfg.embedding_weights, smooth_blocks=cfg.smooth_blocks,
@@ -61,7 +62,7 @@ def quantize(
         m: reference_module(program, dynamic_per_row=per_row) for m, program in quantized.items()
     }
     fake_quant = teacher_forced_logits(
-        *method_steps(spec, module_runner(modules, spec), rope), eval_tokens, spec
+        *method_steps(spec, module_runner(modules, spec), rope, sink), eval_tokens, spec
     )
     timings["report_s"] = time.perf_counter() - t
     reference = [s[0] for s in load_samples(inp.source / REFERENCE_FP32)]
