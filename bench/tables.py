@@ -157,8 +157,25 @@ def smoothing(result: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def qdq_sensitivity(result: Mapping[str, Any]) -> str:
+    """bench/qdq_sensitivity.py: the fake-quant model with one class of activation rounding
+    left out, a row each, per program."""
+    lines = [
+        "| program | left in float | ops | perplexity vs fp32 | logits SQNR vs fp32 | argmax |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in result["rows"]:
+        ops = f"{r['ops']:,}" if r["ops"] else "-"
+        lines.append(
+            f"| {r['program']} (fp32 {r['fp32']:.2f}) | {r['float']} | {ops} | "
+            f"{r['vs_fp32_percent']:+.2f} % | {r['sqnr_db']:.1f} dB | {r['argmax']:.3f} |"
+        )
+    return "\n".join(lines)
+
+
 RENDERERS: Mapping[str, Callable[[Mapping[str, Any]], str]] = {
     "big_decoder": big_decoder,
+    "qdq_sensitivity": qdq_sensitivity,
     "smoothing": smoothing,
     "pipeline": pipeline,
     "compile": compile_cost,
