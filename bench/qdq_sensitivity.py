@@ -103,13 +103,13 @@ def sensitivity(artifact: Path, draws: int, groups: list[str] | None) -> list[di
               f"argmax {row['argmax']:.3f}", flush=True)
         return row
 
-    def swapped(nodes: list[torch.fx.Node], name: str,
-                swap: Callable[[torch.fx.Node], None]) -> dict[str, Any]:
+    def swapped(nodes: list[torch.fx.Node], name: str, swap: Callable[[torch.fx.Node], None],
+                ops: int) -> dict[str, Any]:
         saved = [(n, n.target, n.args) for n in nodes]
         for n in nodes:
             swap(n)
         try:
-            return measure(name, len(nodes) if name != "none" and "jitter" not in name else 0)
+            return measure(name, ops)
         finally:
             for n, target, node_args in saved:
                 n.target, n.args = target, node_args
@@ -128,10 +128,10 @@ def sensitivity(artifact: Path, draws: int, groups: list[str] | None) -> list[di
     rows = [measure("none", 0)]
     for draw in range(1, draws + 1):
         torch.manual_seed(draw)
-        rows.append(swapped(by_group["embedding"], f"none, jitter {draw}", jittered))
+        rows.append(swapped(by_group["embedding"], f"none, jitter {draw}", jittered, 0))
     for name, members in [("all activations", nodes), *sorted(by_group.items())]:
         if groups is None or name in groups:
-            rows.append(swapped(members, name, unrounded))
+            rows.append(swapped(members, name, unrounded, len(members)))
     return rows
 
 

@@ -16,7 +16,7 @@ import torch
 
 from qnn_common.config import PrepareConfig, Stage
 from qnn_common.errors import ConfigValidationError
-from qnn_common.llm import GenerationConfig, feed, method_steps
+from qnn_common.llm import GenerationConfig, feed, method_steps, without_sink
 from qnn_common.sealing import load_manifest
 from qnn_common.stages import PrepareInput, llm_spec_of
 from qnn_infer.families.causal_lm import load_tokenizer, prompt_ids, run_generation
@@ -24,7 +24,7 @@ from qnn_infer.generate import PteLm, generate
 from qnn_pipeline.context import PipelineContext
 from qnn_pipeline.orchestrator import run_pipeline
 from qnn_prepare.api import run_prepare
-from qnn_prepare.causal_lm.attention_sink import after_sink, sink_table
+from qnn_prepare.causal_lm.attention_sink import sink_table
 from qnn_prepare.causal_lm.export import export_methods, load_causal_lm
 from qnn_prepare.causal_lm.kv_io import export_kv_io_methods, kv_layout
 from qnn_prepare.causal_lm.tiny_decoders import save_tiny_decoder
@@ -252,8 +252,8 @@ def test_kv_as_io_with_an_attention_sink_runs_each_text_after_its_token(tmp_path
     with pytest.raises(ValueError, match="keys and values for each of 2 layers"):
         method_steps(spec, module_runner(modules, spec), rope)
     # Sequences opening with the sink's token (a chat conversation) start after it.
-    opened = after_sink([torch.tensor([7, 1, 2]), torch.tensor([1, 7])], spec)
-    assert [s.tolist() for s in opened] == [[1, 2], [1, 7]]
+    opened = [without_sink(s, spec) for s in ([7, 1, 2], [1, 7])]
+    assert opened == [[1, 2], [1, 7]]
 
 
 def _tiny_family(name: str, directory: Path) -> Path:

@@ -107,8 +107,8 @@ class KvIoCache:
         shape = (1, layout.kv_heads, spec.max_seq_len, layout.head_dim)
         self.keys = [torch.zeros(shape) for _ in range(layout.layers)]
         self.values = [torch.zeros(shape) for _ in range(layout.layers)]
-        self.shift = 0
-        if spec.sink_token_id is not None:
+        self.shift = spec.max_seq_len - spec.context  # 1 with a sink in slot 0
+        if self.shift:
             if sink is None or len(sink) != layout.layers:
                 raise ValueError(
                     f"a program with an attention sink needs its keys and values for each of "
@@ -117,7 +117,6 @@ class KvIoCache:
             for i, (k, v) in enumerate(sink):
                 self.keys[i][:, :, :1] = k
                 self.values[i][:, :, :1] = v
-            self.shift = 1
 
     def inputs(
         self, input_ids: torch.Tensor, cache_position: torch.Tensor, n: int
@@ -152,6 +151,14 @@ class KvIoCache:
             return outputs[0]
 
         return step
+
+
+def without_sink(tokens: list[int], spec: LlmSpec) -> list[int]:
+    """`tokens` as the methods take them after the attention sink: a leading sink token (a
+    chat template's BOS) dropped, since the cache's first slot already holds it."""
+    if spec.sink_token_id is not None and len(tokens) > 1 and tokens[0] == spec.sink_token_id:
+        return tokens[1:]
+    return tokens
 
 
 def method_steps(

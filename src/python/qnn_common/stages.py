@@ -17,7 +17,7 @@ import torch
 
 from qnn_common.config import CompileConfig, InferConfig, PrepareConfig, QuantizeConfig
 from qnn_common.errors import ArtifactError, PipelineError
-from qnn_common.llm import LlmSpec
+from qnn_common.llm import LlmSpec, SinkTable
 from qnn_common.manifest import Manifest, ProgramRecord
 from qnn_common.recipes import Recipe
 from qnn_common.store.atomic import atomic_copy
@@ -93,6 +93,12 @@ def rope_of(source: Path, manifest: Manifest) -> tuple[torch.Tensor, torch.Tenso
         raise ArtifactError(source / ROPE_TABLE, "expected one (cos, sin) pair")
     cos, sin = samples[0]
     return cos, sin
+
+
+def sink_sample(table: SinkTable) -> tuple[torch.Tensor, ...]:
+    """An attention sink's keys and values per layer as `SINK_TABLE` stores them: one sample
+    (k_0, v_0, k_1, v_1, ...); `sink_of` reads it back."""
+    return tuple(t for kv in table for t in kv)
 
 
 def sink_of(source: Path, manifest: Manifest) -> list[tuple[torch.Tensor, torch.Tensor]] | None:

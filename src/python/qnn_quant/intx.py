@@ -337,18 +337,18 @@ def _export(
 
 def _log_result(what: str, result: IntxResult, calibration_samples: int) -> None:
     if result.smoothing_texts:
-        unused = (
+        samples = (
             f"; {result.smoothing_texts} of the {calibration_samples} calibration sample(s) of "
             "the prepared artifact chose the smoothed blocks' factors (qnn_quant.smoothed_blocks)"
         )
     else:
-        unused = (
+        samples = (
             f"; the {calibration_samples} calibration sample(s) of the prepared artifact are not "
             "used" if calibration_samples else ""
         )
     log.info(
         "%s: calibration skipped: 8da4w chooses every activation scale per token at run time%s",
-        what, unused,
+        what, samples,
     )
     log.info(
         "%s: 8da4w quantized %d linear(s) in %.1f s: 4-bit weights in %s groups of %d, int8 "
@@ -381,8 +381,8 @@ def quantize_program_8da4w(
     `keep_float`: regexes over module paths of linears to leave float (None: none).
     `int8_weights`: regexes over module paths of linears given int8 weights (None: the default,
     a causal LM's output head). `calibration_samples` and `smoothing_texts` (how many of them
-    chose `block_scales`) only feed the log line that says what they were used for
-    are not used. Raises NothingQuantizedError when no linear could be quantized.
+    chose `block_scales`) only feed the log line that says what they were used for. Raises
+    NothingQuantizedError when no linear could be quantized.
     """
     check_recipe(target.backend, Recipe.A8DW4, target.soc, "quantize.recipe")
     check_group_size(target.backend, Recipe.A8DW4, group_size, "quantize.group_size")

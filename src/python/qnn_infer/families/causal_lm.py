@@ -28,6 +28,7 @@ from qnn_common.llm import (
     SinkTable,
     feed,
     teacher_forced_logits,
+    without_sink,
 )
 from qnn_common.manifest import Manifest
 from qnn_common.metrics import logits_accuracy, perplexity
@@ -90,11 +91,9 @@ def prompt_ids(tokenizer: Any | None, cfg: GenerationConfig, spec: LlmSpec) -> l
         ids = [int(i) for i in tokenizer(text, add_special_tokens=False)["input_ids"]]
     else:
         ids = [int(i) for i in tokenizer(cfg.prompt, add_special_tokens=False)["input_ids"]]
-    # The cache's first slot holds the attention sink already: a prompt opening with that token
-    # (every chat template's conversation does) starts after it, as the float model reads it.
-    if spec.sink_token_id is not None and len(ids) > 1 and ids[0] == spec.sink_token_id:
-        return ids[1:]
-    return ids
+    # A prompt opening with the attention sink's token (every chat template's conversation does)
+    # starts after it, as the float model reads it.
+    return without_sink(ids, spec)
 
 
 def program_logits(compiled: Path) -> list[torch.Tensor]:

@@ -17,11 +17,12 @@ runs as if that BOS preceded it, as the fp32 reference then computes it too (`ea
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import dataclasses
+from collections.abc import Mapping
 
 import torch
 
-from qnn_common.llm import PREFILL, KvIoCache, LlmSpec, SinkTable
+from qnn_common.llm import PREFILL, KvIoCache, LlmSpec
 from qnn_prepare.causal_lm.export import CausalLm
 
 
@@ -40,11 +41,7 @@ def sink_table(
     """Each layer's (key, value) of the sink token at position 0, [1, kv_heads, 1, head_dim],
     as the float prefill method writes them (what the program itself would have computed)."""
     assert spec.sink_token_id is not None and spec.kv_layout is not None
-    plain = LlmSpec(
-        max_seq_len=spec.max_seq_len, prefill_len=spec.prefill_len, vocab_size=spec.vocab_size,
-        pad_token_id=spec.pad_token_id, kv_layout=spec.kv_layout,
-    )
-    cache = KvIoCache(plain, spec.kv_layout, rope)
+    cache = KvIoCache(dataclasses.replace(spec, sink_token_id=None), spec.kv_layout, rope)
     prefill = programs[PREFILL].module()
     window = torch.full((1, spec.prefill_len), spec.pad_token_id, dtype=torch.int64)
     window[0, 0] = spec.sink_token_id
@@ -58,16 +55,3 @@ def sink_table(
         for k, v in zip(cache.keys, cache.values, strict=True)
     ]
 
-
-def flat(table: SinkTable) -> tuple[torch.Tensor, ...]:
-    """The table as one sample (k_0, v_0, k_1, v_1, ...), as the artifact stores it."""
-    return tuple(t for kv in table for t in kv)
-
-
-def after_sink(sequences: Sequence[torch.Tensor], spec: LlmSpec) -> list[torch.Tensor]:
-    """`sequences` as the methods see them after the sink: a leading sink token (a chat
-    conversation's) dropped, since the cache's first slot already holds it."""
-    token = spec.sink_token_id
-    if token is None:
-        return list(sequences)
-    return [s[1:] if len(s) > 1 and int(s[0]) == token else s for s in sequences]

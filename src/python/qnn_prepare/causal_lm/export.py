@@ -334,15 +334,13 @@ def eager_logits(
     """The HF model's own logits [len, vocab] over each full sequence, no cache: the reference.
     With an attention sink (`attention_sink`), each sequence as the program sees it: after
     that token (whose own logits are dropped)."""
-    out = []
+    prefix = torch.tensor([] if sink_token_id is None else [sink_token_id], dtype=torch.int64)
     with torch.no_grad():
-        for s in sequences:
-            if sink_token_id is None:
-                out.append(lm.hf(input_ids=s[None], use_cache=False).logits[0].float())
-                continue
-            ids = torch.cat([torch.tensor([sink_token_id], dtype=s.dtype), s])
-            out.append(lm.hf(input_ids=ids[None], use_cache=False).logits[0, 1:].float())
-    return out
+        return [
+            lm.hf(input_ids=torch.cat([prefix, s])[None], use_cache=False)
+            .logits[0, len(prefix):].float()
+            for s in sequences
+        ]
 
 
 def text_sequences(

@@ -23,10 +23,10 @@ import torch
 from torch import nn
 
 from qnn_common.config import PrepareConfig
-from qnn_common.llm import MASK_VALUE
-from qnn_common.stages import ROPE_TABLE, SINK_TABLE, TOKENIZER_DIR
+from qnn_common.llm import MASK_VALUE, without_sink
+from qnn_common.stages import ROPE_TABLE, SINK_TABLE, TOKENIZER_DIR, sink_sample
 from qnn_common.torchio.hf_untrusted import HF_LOAD
-from qnn_prepare.causal_lm.attention_sink import after_sink, flat, sink_table, sink_token
+from qnn_prepare.causal_lm.attention_sink import sink_table, sink_token
 from qnn_prepare.causal_lm.chat_calibration import chat_sequences
 from qnn_prepare.causal_lm.export import (
     eager_logits,
@@ -178,9 +178,11 @@ def _export_kv_cache(config: PrepareConfig) -> TaskExport:
     length = min(spec.context, 2 * spec.prefill_len)
     # An instruct model also sees its chat format: half the windows are conversations.
     chat = chat_sequences(lm, config.calibration_samples // 2, length)
-    calibration = after_sink(
-        chat + text_sequences(lm, config.calibration_samples - len(chat), length), spec
-    )
+    # A conversation's leading BOS is the sink's token, which the cache's first slot holds.
+    calibration = [
+        torch.tensor(without_sink(s.tolist(), spec))
+        for s in chat + text_sequences(lm, config.calibration_samples - len(chat), length)
+    ]
     # Never the calibration text: windows of the held-out text, one after the other (each token
     # counts once in the perplexity until the text runs out).
     eval_tokens = text_sequences(
@@ -217,7 +219,7 @@ def _export_kv_cache(config: PrepareConfig) -> TaskExport:
         },
         tables={
             **({ROPE_TABLE: [rope]} if rope is not None else {}),
-            **({SINK_TABLE: [flat(sink)]} if sink is not None else {}),
+            **({SINK_TABLE: [sink_sample(sink)]} if sink is not None else {}),
         },
         llm=spec.to_json(),
     )
