@@ -77,16 +77,16 @@ class WeightRounding(enum.StrEnum):
 
 
 def default_weight_rounding(recipe: Recipe, per_channel: bool = True) -> WeightRounding:
-    """GPTQ for 4-bit per-channel weights, nearest otherwise.
+    """GPTQ for calibrated 4-bit weights (per channel, or LPBQ's blocks), nearest otherwise.
 
-    Measured on the trained tiny-llama (1,024 teacher-forced tokens, 4-bit per-channel weights,
-    float activations): argmax agreement with fp32 0.884 rounded to nearest, 0.941 with GPTQ
-    (logits SQNR 20.3 -> 24.8 dB). At 8 bits rounding to nearest loses little and GPTQ costs a
-    calibration pass per group of layers; LPBQ's block scales are its own observer's.
+    At 4 bits rounding each weight alone costs accuracy that GPTQ wins back (docs/quantization.md
+    has the tiny-llama and SmolLM2 figures); at 8 bits rounding to nearest loses little, and
+    GPTQ costs calibration passes. 16a4w_block's GPTQ rounds onto the block scales its observer
+    chose, after calibration (`qnn_quant.quantizers.lpbq_gptq`).
     """
     if recipe.is_dynamic:
         return WeightRounding.NEAREST  # no calibration data, so nothing GPTQ could weigh by
-    if per_channel and recipe.weight_bits == 4 and recipe is not Recipe.A16W4_BLOCK:
+    if per_channel and recipe.weight_bits == 4:
         return WeightRounding.GPTQ
     return WeightRounding.NEAREST
 
@@ -104,13 +104,11 @@ def check_weight_rounding(
             "(its activation scales are chosen per token at run time); use weight_rounding "
             "nearest, or a calibrated 4-bit recipe (16a4w on qnn)",
         )
-    if recipe.weight_bits not in (4, 8) or recipe is Recipe.A16W4_BLOCK:
+    if recipe.weight_bits not in (4, 8):
         raise ConfigValidationError(
             field, rounding.value,
-            f"GPTQ rounds 4- and 8-bit per-channel weights; {recipe.value} has "
-            + ("block-wise scales" if recipe is Recipe.A16W4_BLOCK else
-               f"{recipe.weight_bits}-bit weights")
-            + "; use weight_rounding nearest",
+            f"GPTQ rounds 4- and 8-bit weights; {recipe.value} has {recipe.weight_bits}-bit "
+            "weights; use weight_rounding nearest",
         )
     if not per_channel:
         raise ConfigValidationError(

@@ -93,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--weight-rounding", choices=[r.value for r in WeightRounding],
                    help="how weights are rounded onto their grid: nearest, or gptq (error "
                    "feedback from calibration inputs, linear layers). Default: gptq for 4-bit "
-                   "per-channel weights (16a4w, 8a4w), nearest otherwise")
+                   "weights (16a4w, 8a4w; 16a4w_block onto its block scales), nearest otherwise")
     p.add_argument("--report-layers", type=int, default=10,
                    help="how many worst layers to report (default: %(default)s)")
     add_logging_args(p)

@@ -38,6 +38,7 @@ from typing import Any
 import torch
 
 from qnn_common.errors import StageError
+from qnn_quant.graph_params import replace_tensor
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +80,9 @@ def round_weights(
     skip: Callable[[torch.fx.Node], bool] = lambda node: False,
     sequential: bool | None = None,
 ) -> GptqResult:
-    """GPTQ-round, in place, every linear weight of `modules` that only linears read.
+    """GPTQ-round every linear weight of `modules` that only linears read: each module gets the
+    rounded weight as a new tensor, and the tensors it held (a program's, the caller's) keep
+    their float values.
 
     `calibrate()` runs the calibration data through all of `modules` (the pass swaps in
     recording linears around it). `bits`: the symmetric weight grid, ±(2^(bits-1) - 1).
@@ -108,10 +111,10 @@ def round_weights(
             scale = weight.detach().abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / qmax
             hessian = hessians[name].to(torch.float64)
             rounded = gptq(weight, hessian, scale, qmax)
-            gains.append(_gain_db(weight, rounded, _nearest(weight, scale, qmax), hessian))
+            gains.append(gain_db(weight, rounded, nearest(weight, scale, qmax), hessian))
             for module in modules.values():
-                if _has_attr(module, name):
-                    _get(module, name).data.copy_(rounded)
+                if has_attr(module, name):
+                    replace_tensor(module, name, rounded)
             scales[name] = scale.squeeze(1)
     seconds = time.perf_counter() - t
     mean_gain = sum(gains) / len(gains) if gains else 0.0
@@ -128,21 +131,25 @@ def round_weights(
 
 
 def gptq(
-    weight: torch.Tensor, hessian: torch.Tensor, scale: torch.Tensor, qmax: int
+    weight: torch.Tensor, hessian: torch.Tensor, scale: torch.Tensor, qmax: int,
+    qmin: int | None = None,
 ) -> torch.Tensor:
-    """`weight` (out x in) rounded onto ``scale * [-qmax, qmax]`` (scale: out x 1) by GPTQ with
-    input Hessian `hessian` (in x in); columns in order of decreasing Hessian diagonal."""
+    """`weight` (out x in) rounded onto ``scale * [qmin, qmax]`` (qmin None: -qmax) by GPTQ with
+    input Hessian `hessian` (in x in); columns in order of decreasing Hessian diagonal. `scale`
+    is out x 1 (one per output channel) or out x in (a scale per weight: LPBQ's blocks,
+    `qnn_quant.quantizers.lpbq_gptq`)."""
+    low = -qmax if qmin is None else qmin
     w = weight.detach().to(torch.float64).clone()
     h = hessian.to(torch.float64).clone()
     dead = torch.diag(h) == 0
     h[dead, dead] = 1  # inputs that were always zero: their weights cannot matter
     w[:, dead] = 0
     order = torch.argsort(torch.diag(h), descending=True)
+    s = scale.to(torch.float64).expand_as(w)[:, order]
     w, h = w[:, order], h[order][:, order]
     h += DAMPING * torch.mean(torch.diag(h)) * torch.eye(h.shape[0], dtype=h.dtype)
     # Upper Cholesky factor of H^-1: row i holds the update of columns i.. after rounding i.
     h_inv = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True)
-    s = scale.to(torch.float64)
     out = torch.zeros_like(w)
     columns = w.shape[1]
     for start in range(0, columns, _BLOCK):
@@ -152,7 +159,8 @@ def gptq(
         h_block = h_inv[start:end, start:end]
         for i in range(end - start):
             column = block[:, i : i + 1]
-            q = torch.clamp(torch.round(column / s), -qmax, qmax) * s
+            step = s[:, start + i : start + i + 1]
+            q = torch.clamp(torch.round(column / step), low, qmax) * step
             out[:, start + i : start + i + 1] = q
             error = (column - q) / h_block[i, i]
             block[:, i:] -= error @ h_block[i : i + 1, i:]
@@ -192,13 +200,18 @@ def pin_weight_scales(prepared: torch.fx.GraphModule, result: GptqResult, bits: 
     return pinned
 
 
-def _nearest(weight: torch.Tensor, scale: torch.Tensor, qmax: int) -> torch.Tensor:
-    return torch.clamp(torch.round(weight / scale), -qmax, qmax) * scale
+def nearest(
+    weight: torch.Tensor, scale: torch.Tensor, qmax: int, qmin: int | None = None
+) -> torch.Tensor:
+    """`weight` rounded to the nearest level of ``scale * [qmin, qmax]`` (qmin None: -qmax)."""
+    low = -qmax if qmin is None else qmin
+    return torch.clamp(torch.round(weight / scale), low, qmax) * scale
 
 
-def _gain_db(
+def gain_db(
     weight: torch.Tensor, gptq_w: torch.Tensor, nearest_w: torch.Tensor, hessian: torch.Tensor
 ) -> float:
+    """How much less output error, tr((W-Q) H (W-Q)^T), `gptq_w` has than `nearest_w`, in dB."""
     def error(q: torch.Tensor) -> float:
         d = (weight - q).to(torch.float64)
         return float(((d @ hessian.to(torch.float64)) * d).sum())
@@ -286,7 +299,8 @@ def _get(module: torch.nn.Module, path: str) -> torch.Tensor:
     return value
 
 
-def _has_attr(module: torch.nn.Module, path: str) -> bool:
+def has_attr(module: torch.nn.Module, path: str) -> bool:
+    """Whether `module` has a (dotted) attribute `path`."""
     try:
         reduce(getattr, path.split("."), module)
     except AttributeError:
@@ -296,6 +310,6 @@ def _has_attr(module: torch.nn.Module, path: str) -> bool:
 
 def _attr(modules: Mapping[str, torch.fx.GraphModule], path: str) -> torch.Tensor:
     for module in modules.values():
-        if _has_attr(module, path):
+        if has_attr(module, path):
             return _get(module, path)
     raise KeyError(path)

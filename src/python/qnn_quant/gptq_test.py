@@ -67,12 +67,17 @@ def test_gptq_through_pt2e_keeps_its_scales_and_beats_nearest() -> None:
     basis = torch.randn(6, 32)
     samples = [(torch.randn(16, 6) @ basis + 0.05 * torch.randn(16, 32),) for _ in range(12)]
     fp32 = torch.export.export(_Mlp().eval(), samples[0], strict=False)
+    weights = {name: value.clone() for name, value in fp32.state_dict.items()}
     programs, results = {}, {}
     for rounding in WeightRounding:
         programs[rounding], results[rounding] = quantize_program_with_gptq(
             fp32, target=HTP, recipe=Recipe.A16W4, calibration=samples[:8], progress=False,
             weight_rounding=rounding,
         )
+    # The caller's program keeps its float weights (GPTQ once rounded them in place, and with
+    # them the fp32 reference below).
+    for name, value in fp32.state_dict.items():
+        assert torch.equal(value, weights[name]), name
     result = results[WeightRounding.GPTQ]
     assert isinstance(result, GptqResult) and results[WeightRounding.NEAREST] is None
     assert sorted(result.scales) == ["fc1.weight", "fc2.weight"] and result.mean_gain_db > 1
@@ -102,9 +107,10 @@ def test_default_rounding_and_refusals() -> None:
     # Strings on purpose, as a TOML file or the CLI passes them: the config parses them.
     explicit = QuantizeConfig(recipe=Recipe.A8W8, weight_rounding="gptq")  # type: ignore[arg-type]
     assert explicit.rounding is WeightRounding.GPTQ
-    with pytest.raises(ConfigValidationError, match="block-wise scales"):
-        QuantizeConfig(backend=Backend.QNN, soc="SM8650", recipe=Recipe.A16W4_BLOCK,
-                       weight_rounding=WeightRounding.GPTQ)
+    assert QuantizeConfig(backend=Backend.QNN, soc="SM8650", recipe=Recipe.A16W4_BLOCK).rounding \
+        is WeightRounding.GPTQ  # onto LPBQ's block scales (qnn_quant.quantizers.lpbq_gptq)
+    with pytest.raises(ConfigValidationError, match="8da4w takes none"):
+        QuantizeConfig(recipe=Recipe.A8DW4, weight_rounding=WeightRounding.GPTQ)
     with pytest.raises(ConfigValidationError, match="per_channel"):
         QuantizeConfig(recipe=Recipe.A8W8, per_channel=False, weight_rounding=WeightRounding.GPTQ)
     with pytest.raises(ConfigValidationError, match="nearest, gptq|allowed"):

@@ -15,7 +15,7 @@ from torch import nn
 INT4: torch.dtype = torch.int4  # type: ignore[attr-defined]
 
 
-def owner(gm: torch.fx.GraphModule, dotted: str) -> tuple[nn.Module, str]:
+def owner(gm: nn.Module, dotted: str) -> tuple[nn.Module, str]:
     """The module that holds attribute `dotted` of `gm` (empty parent modules created as
     needed), and the attribute's own name."""
     *parents, name = dotted.split(".")
@@ -59,6 +59,22 @@ def add_param(gm: torch.fx.GraphModule, wanted: str, value: torch.Tensor) -> str
     holder, leaf = owner(gm, name)
     holder.register_parameter(leaf, nn.Parameter(value, requires_grad=False))
     return name
+
+
+def replace_tensor(module: nn.Module, dotted: str, value: torch.Tensor) -> None:
+    """Make attribute `dotted` of `module` a new tensor `value` (a frozen parameter or a buffer,
+    as it was), instead of writing into the old one's storage: a graph module from
+    `ExportedProgram.module()` shares its tensors with the program, and those are the caller's
+    (its float weights, or an eager model's)."""
+    holder, name = owner(module, dotted)
+    if name in holder._buffers:
+        holder._buffers[name] = value
+        return
+    if name in holder._parameters:
+        del holder._parameters[name]
+    elif hasattr(holder, name):
+        delattr(holder, name)
+    holder.register_parameter(name, nn.Parameter(value, requires_grad=False))
 
 
 def set_weight(gm: torch.fx.GraphModule, dotted: str, value: nn.Parameter) -> None:

@@ -146,7 +146,8 @@ def quantize_causal_lm(
         for method, gm in graphs.items()
     }
     result = None
-    if rounding is WeightRounding.GPTQ:
+    blocked = recipe is Recipe.A16W4_BLOCK  # GPTQ after calibration, onto LPBQ's block scales
+    if rounding is WeightRounding.GPTQ and not blocked:
         floats = plans[PREFILL].float_nodes
         result = round_weights(
             graphs, lambda: calibrate(graphs, "gptq"), bits=bits,
@@ -160,8 +161,14 @@ def quantize_causal_lm(
         )
         for method, ep in programs.items()
     }
-    calibrate(prepared, "calibrate")
-    if result is not None:
+    if rounding is WeightRounding.GPTQ and blocked:
+        # Imported here: the LPBQ observer is ExecuTorch's QNN quantizer's (seconds to import).
+        from qnn_quant.quantizers.lpbq_gptq import round_blocked_weights
+
+        result = round_blocked_weights(prepared, lambda: calibrate(prepared, "calibrate"))
+    else:
+        calibrate(prepared, "calibrate")
+    if result is not None and not blocked:
         pin_weight_scales(prepared[PREFILL], result, bits)
     share_observers(prepared[PREFILL], prepared[DECODE])
     graphs.clear()  # the float modules: their weights go with the programs below

@@ -137,8 +137,9 @@ def quantize_program_with_gptq(
     graph_module = float_graph(ep, target.backend)
     plan = plan_layers(graph_module, target, recipe, keep_float, dynamic_layers)
     result = None
+    blocked = recipe is Recipe.A16W4_BLOCK  # GPTQ after calibration, onto LPBQ's block scales
     with initial_buffers_kept(ep):
-        if rounding is WeightRounding.GPTQ:
+        if rounding is WeightRounding.GPTQ and not blocked:
             result = round_weights(
                 {"forward": graph_module}, lambda: run(graph_module, "gptq"),
                 bits=weight_bits(recipe), skip=lambda node: node.name in plan.float_nodes,
@@ -148,8 +149,16 @@ def quantize_program_with_gptq(
             group_mapping=group_mapping, graph_module=graph_module, plan=plan,
             int8_weights=int8_weights,
         )
-        run(prepared, "calibrate")
-    if result is not None:
+        if rounding is WeightRounding.GPTQ and blocked:
+            # Imported here: the LPBQ observer is ExecuTorch's QNN quantizer's (seconds to import).
+            from qnn_quant.quantizers.lpbq_gptq import round_blocked_weights
+
+            result = round_blocked_weights(
+                {"forward": prepared}, lambda: run(prepared, "calibrate")
+            )
+        else:
+            run(prepared, "calibrate")
+    if result is not None and not blocked:
         pin_weight_scales(prepared, result, weight_bits(recipe))
     first = tuple(samples[0].args)
     return convert_program(ep, prepared, target=target, recipe=recipe, samples=[first]), result

@@ -71,7 +71,8 @@ class QuantizeConfig:
     # Regexes over nn.Module paths of linear layers whose activations are quantized at run time
     # (XNNPACK, portable). None: the default (encoder blocks' linears at 8-bit activations).
     dynamic_layers: tuple[str, ...] | None = None
-    # None: the default (GPTQ for 4-bit per-channel weights, nearest otherwise).
+    # None: the default (GPTQ for calibrated 4-bit weights, per channel or in LPBQ blocks;
+    # nearest otherwise).
     weight_rounding: WeightRounding | None = None
 
     def __post_init__(self) -> None:
