@@ -100,6 +100,11 @@ def test_tiny_llama_16a4w_block_builds_and_matches_fake_quant(out: Path) -> None
     kinds = quantized.metrics["quantized_op_kinds"]
     # 7 per layer, per method; the output head keeps 8-bit weights (int8_weights' default).
     assert kinds["conv2d"] == 2 * 14 and kinds["linear"] == 2
+    # GPTQ (the default) rounded the 14 blocked weights onto their block scales, once for both
+    # methods (qnn_quant.quantizers.lpbq_gptq); the program still computes its fake quant above.
+    assert quantized.metrics["weight_rounding"] == "gptq"
+    assert quantized.metrics["gptq"]["weights"] == 14
+    assert quantized.metrics["gptq"]["mean_output_error_gain_db_vs_nearest"] > 0
     (entry,) = (s for s in summary["stages"] if s["name"] == "compile")
     compiled = load_manifest(Path(entry["artifact"]), expect_stage=Stage.COMPILE)
     assert compiled.metrics["partitions"] == 2  # still the whole decoder per method

@@ -8,12 +8,12 @@ from torch.export import ExportedProgram
 
 from qnn_common.config import QuantizeConfig
 from qnn_common.errors import ConfigValidationError
-from qnn_common.metrics import sqnr_db
 from qnn_common.recipes import Backend, Recipe, WeightRounding
 from qnn_common.soc import lookup_soc
 from qnn_common.target import Target
 from qnn_quant.gptq import GptqResult, gptq, round_weights
 from qnn_quant.pt2e import quantize_program_with_gptq
+from qnn_testing.rounding import each_rounding, held_out_sqnr, low_rank_batches
 
 HTP = Target(Backend.QNN, lookup_soc("SM8650"))
 
@@ -63,21 +63,13 @@ def _weights(program: ExportedProgram) -> list[tuple[torch.Tensor, torch.Tensor]
 
 
 def test_gptq_through_pt2e_keeps_its_scales_and_beats_nearest() -> None:
-    torch.manual_seed(1126)
-    basis = torch.randn(6, 32)
-    samples = [(torch.randn(16, 6) @ basis + 0.05 * torch.randn(16, 32),) for _ in range(12)]
+    samples = low_rank_batches()
     fp32 = torch.export.export(_Mlp().eval(), samples[0], strict=False)
-    weights = {name: value.clone() for name, value in fp32.state_dict.items()}
-    programs, results = {}, {}
-    for rounding in WeightRounding:
-        programs[rounding], results[rounding] = quantize_program_with_gptq(
-            fp32, target=HTP, recipe=Recipe.A16W4, calibration=samples[:8], progress=False,
-            weight_rounding=rounding,
-        )
-    # The caller's program keeps its float weights (GPTQ once rounded them in place, and with
-    # them the fp32 reference below).
-    for name, value in fp32.state_dict.items():
-        assert torch.equal(value, weights[name]), name
+    # The caller's weights are kept (GPTQ once rounded them in place, and the reference with them).
+    programs, results = each_rounding(fp32, lambda rounding: quantize_program_with_gptq(
+        fp32, target=HTP, recipe=Recipe.A16W4, calibration=samples[:8], progress=False,
+        weight_rounding=rounding,
+    ))
     result = results[WeightRounding.GPTQ]
     assert isinstance(result, GptqResult) and results[WeightRounding.NEAREST] is None
     assert sorted(result.scales) == ["fc1.weight", "fc2.weight"] and result.mean_gain_db > 1
@@ -90,11 +82,7 @@ def test_gptq_through_pt2e_keeps_its_scales_and_beats_nearest() -> None:
         assert weight.dtype == torch.int8 and int(weight.abs().max()) <= 7
         assert not torch.equal(weight, nearest_weight)
     # ... and its outputs are closer to fp32 on held-out inputs of the same distribution.
-    held_out = [s[0] for s in samples[8:]]
-    with torch.no_grad():
-        reference = torch.cat([fp32.module()(x) for x in held_out])
-        sqnr = {r: sqnr_db(reference.numpy(), torch.cat([p.module()(x) for x in held_out]).numpy())
-                for r, p in programs.items()}
+    sqnr = held_out_sqnr(fp32, programs, samples[8:])
     assert sqnr[WeightRounding.GPTQ] > sqnr[WeightRounding.NEAREST] + 1, sqnr
 
 
@@ -119,12 +107,10 @@ def test_default_rounding_and_refusals() -> None:
 
 
 def test_one_pass_hessians_round_the_first_layer_alike_and_still_beat_nearest() -> None:
-    torch.manual_seed(1126)
-    basis = torch.randn(6, 32)
-    samples = [torch.randn(16, 6) @ basis + 0.05 * torch.randn(16, 32) for _ in range(8)]
+    samples = [x for (x,) in low_rank_batches(count=8)]
     rounded, results = {}, {}
     for sequential in (True, False):
-        torch.manual_seed(7)  # the same float weights each time (rounding works in place)
+        torch.manual_seed(7)  # the same float weights each time
         gm = torch.export.export(_Mlp().eval(), (samples[0],), strict=False).module()
 
         def calibrate(gm: torch.fx.GraphModule = gm) -> None:

@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from qnn_common.metrics import sqnr_db
 from qnn_common.recipes import Backend, GroupMapping, Recipe, WeightRounding
 from qnn_common.soc import lookup_soc
 from qnn_common.target import Target
 from qnn_quant.gptq import GptqResult, gptq, nearest
 from qnn_quant.pt2e import quantize_program_with_gptq
 from qnn_quant.quantizers.lpbq_observer import lpbq_scales
+from qnn_testing.rounding import each_rounding, held_out_sqnr, low_rank_batches
 
 HTP = Target(Backend.QNN, lookup_soc("SM8650"))
 BLOCK = 16
@@ -67,22 +67,14 @@ def _blocked(program: torch.export.ExportedProgram) -> list[tuple[torch.Tensor, 
 
 @pytest.mark.parametrize("mapping", [GroupMapping.SYMMETRIC, GroupMapping.ASYMMETRIC])
 def test_gptq_through_pt2e_keeps_lpbq_s_scales_and_beats_nearest(mapping: GroupMapping) -> None:
-    torch.manual_seed(1126)
-    basis = torch.randn(6, 32)
-    samples = [(torch.randn(16, 6) @ basis + 0.05 * torch.randn(16, 32),) for _ in range(12)]
+    samples = low_rank_batches()
     fp32 = torch.export.export(_Mlp().eval(), samples[0], strict=False)
-    weights = {name: value.clone() for name, value in fp32.state_dict.items()}
-    programs, results = {}, {}
-    for rounding in WeightRounding:
-        programs[rounding], results[rounding] = quantize_program_with_gptq(
-            fp32, target=HTP, recipe=Recipe.A16W4_BLOCK, calibration=samples[:8],
-            progress=False, weight_rounding=rounding, block_size=BLOCK, group_mapping=mapping,
-            keep_float=(),
-        )
-    # The caller's program keeps its float weights (a 1x1 convolution's weight is a view of its
-    # linear's: rounding in place once rounded the reference below too).
-    for name, value in fp32.state_dict.items():
-        assert torch.equal(value, weights[name]), name
+    # The caller's weights are kept: a 1x1 convolution's weight is a view of its linear's, and
+    # rounding in place once rounded the reference too.
+    programs, results = each_rounding(fp32, lambda rounding: quantize_program_with_gptq(
+        fp32, target=HTP, recipe=Recipe.A16W4_BLOCK, calibration=samples[:8], progress=False,
+        weight_rounding=rounding, block_size=BLOCK, group_mapping=mapping, keep_float=(),
+    ))
     result = results[WeightRounding.GPTQ]
     assert isinstance(result, GptqResult) and results[WeightRounding.NEAREST] is None
     assert len(result.scales) == 2 and result.mean_gain_db > 1  # the two blocked weights
@@ -95,11 +87,7 @@ def test_gptq_through_pt2e_keeps_lpbq_s_scales_and_beats_nearest(mapping: GroupM
         assert int(levels.min()) >= -8 and int(levels.max()) <= 7
         assert not torch.equal(levels, nearest_levels)
     # Held-out inputs of the calibration's distribution read closer to fp32.
-    held_out = [s[0] for s in samples[8:]]
-    with torch.no_grad():
-        reference = torch.cat([fp32.module()(x) for x in held_out])
-        sqnr = {r: sqnr_db(reference.numpy(), torch.cat([p.module()(x) for x in held_out]).numpy())
-                for r, p in programs.items()}
+    sqnr = held_out_sqnr(fp32, programs, samples[8:])
     assert sqnr[WeightRounding.GPTQ] > sqnr[WeightRounding.NEAREST] + 1, sqnr
 
 
