@@ -47,7 +47,7 @@ from qnn_common.recipes import (
 )
 from qnn_common.target import Target
 from qnn_common.torchio.programs import share_equal_weights
-from qnn_quant.gptq import GptqResult, pin_weight_scales, round_weights
+from qnn_quant.gptq import GptqResult
 from qnn_quant.intx import IntxResult, four_bit_linears, quantize_methods_8da4w
 from qnn_quant.layers import module_path, plan_layers
 from qnn_quant.pt2e import (
@@ -57,6 +57,7 @@ from qnn_quant.pt2e import (
     weight_bits,
 )
 from qnn_quant.smoothing_stats import TEXTS, choose_block_scales
+from qnn_quant.weight_rounding import calibrate_with_rounding, round_before_prepare
 
 _STAGE = "quantize"
 log = logging.getLogger(__name__)
@@ -145,14 +146,11 @@ def quantize_causal_lm(
         method: plan_layers(gm, target, recipe, keep_float, dynamic_layers)
         for method, gm in graphs.items()
     }
-    result = None
-    blocked = recipe is Recipe.A16W4_BLOCK  # GPTQ after calibration, onto LPBQ's block scales
-    if rounding is WeightRounding.GPTQ and not blocked:
-        floats = plans[PREFILL].float_nodes
-        result = round_weights(
-            graphs, lambda: calibrate(graphs, "gptq"), bits=bits,
-            skip=lambda node: node.name in floats,
-        )
+    floats = plans[PREFILL].float_nodes
+    rounded = round_before_prepare(
+        graphs, lambda: calibrate(graphs, "gptq"), recipe=recipe, rounding=rounding, bits=bits,
+        skip=lambda node: node.name in floats,
+    )
     prepared = {
         method: prepare_program(
             ep, target=target, recipe=recipe, per_channel=per_channel, block_size=block_size,
@@ -161,15 +159,10 @@ def quantize_causal_lm(
         )
         for method, ep in programs.items()
     }
-    if rounding is WeightRounding.GPTQ and blocked:
-        # Imported here: the LPBQ observer is ExecuTorch's QNN quantizer's (seconds to import).
-        from qnn_quant.quantizers.lpbq_gptq import round_blocked_weights
-
-        result = round_blocked_weights(prepared, lambda: calibrate(prepared, "calibrate"))
-    else:
-        calibrate(prepared, "calibrate")
-    if result is not None and not blocked:
-        pin_weight_scales(prepared[PREFILL], result, bits)
+    result = calibrate_with_rounding(
+        prepared, lambda: calibrate(prepared, "calibrate"), recipe=recipe, rounding=rounding,
+        bits=bits, rounded=rounded,
+    )
     share_observers(prepared[PREFILL], prepared[DECODE])
     graphs.clear()  # the float modules: their weights go with the programs below
     quantized = {

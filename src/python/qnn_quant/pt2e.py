@@ -41,13 +41,14 @@ from qnn_common.recipes import (
 from qnn_common.target import Target
 from qnn_common.torchio.program_state import initial_buffers_kept
 from qnn_common.torchio.samples import ModelInputs, as_model_inputs
-from qnn_quant.gptq import GptqResult, pin_weight_scales, round_weights
+from qnn_quant.gptq import GptqResult
 from qnn_quant.graph_rewrites import constant_matmuls_as_linear, constant_weight_views_folded
 from qnn_quant.intx import IntxResult, quantize_program_8da4w
 from qnn_quant.layers import LayerPlan, int8_linears, plan_layers
 from qnn_quant.quantized_ops import NothingQuantizedError, is_observer, quantized_op_count
 from qnn_quant.quantizers import QuantizerSpec, decomposed_before_annotation, quantizer_for
 from qnn_quant.released_memory import drop_unused_tensors, forget_prepared_modules
+from qnn_quant.weight_rounding import calibrate_with_rounding, round_before_prepare
 
 log = logging.getLogger(__name__)
 
@@ -136,30 +137,21 @@ def quantize_program_with_gptq(
 
     graph_module = float_graph(ep, target.backend)
     plan = plan_layers(graph_module, target, recipe, keep_float, dynamic_layers)
-    result = None
-    blocked = recipe is Recipe.A16W4_BLOCK  # GPTQ after calibration, onto LPBQ's block scales
+    bits = weight_bits(recipe)
     with initial_buffers_kept(ep):
-        if rounding is WeightRounding.GPTQ and not blocked:
-            result = round_weights(
-                {"forward": graph_module}, lambda: run(graph_module, "gptq"),
-                bits=weight_bits(recipe), skip=lambda node: node.name in plan.float_nodes,
-            )
+        rounded = round_before_prepare(
+            {"forward": graph_module}, lambda: run(graph_module, "gptq"), recipe=recipe,
+            rounding=rounding, bits=bits, skip=lambda node: node.name in plan.float_nodes,
+        )
         prepared = prepare_program(
             ep, target=target, recipe=recipe, per_channel=per_channel, block_size=block_size,
             group_mapping=group_mapping, graph_module=graph_module, plan=plan,
             int8_weights=int8_weights,
         )
-        if rounding is WeightRounding.GPTQ and blocked:
-            # Imported here: the LPBQ observer is ExecuTorch's QNN quantizer's (seconds to import).
-            from qnn_quant.quantizers.lpbq_gptq import round_blocked_weights
-
-            result = round_blocked_weights(
-                {"forward": prepared}, lambda: run(prepared, "calibrate")
-            )
-        else:
-            run(prepared, "calibrate")
-    if result is not None and not blocked:
-        pin_weight_scales(prepared, result, weight_bits(recipe))
+        result = calibrate_with_rounding(
+            {"forward": prepared}, lambda: run(prepared, "calibrate"), recipe=recipe,
+            rounding=rounding, bits=bits, rounded=rounded,
+        )
     first = tuple(samples[0].args)
     return convert_program(ep, prepared, target=target, recipe=recipe, samples=[first]), result
 
