@@ -39,6 +39,7 @@ import torch
 
 from qnn_common.errors import StageError
 from qnn_quant.graph_params import replace_tensor
+from qnn_quant.input_products import record_input_products
 
 log = logging.getLogger(__name__)
 
@@ -255,41 +256,21 @@ def _hessians(
 ) -> dict[str, torch.Tensor]:
     """``X^T X / rows`` of the inputs of the linears reading each group's weights, over one
     calibration: one matrix per group (its weights read one input), kept in `dtype`."""
-    sums: dict[str, torch.Tensor] = {}
-    rows: dict[str, int] = {}
     first = {name: group[0] for group in groups for name in group}
-
-    def recorder(key: str) -> Callable[..., torch.Tensor]:
-        def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> Any:
-            flat = x.detach().reshape(-1, x.shape[-1]).to(torch.float64)
-            product = (flat.T @ flat).to(dtype)
-            sums[key] = sums[key] + product if key in sums else product
-            rows[key] = rows.get(key, 0) + flat.shape[0]
-            return _LINEAR(x, w, b)
-
-        return linear
-
-    swapped: list[tuple[torch.fx.GraphModule, torch.fx.Node]] = []
-    try:
-        for module in modules.values():
-            recorded: set[Any] = set()
-            for node, name in _linear_weights(module, lambda n: False).items():
-                # The group's first linear records its input; the others read the same tensor.
-                if name in first and first[name] == name and node.args[0] not in recorded:
-                    recorded.add(node.args[0])
-                    node.target = recorder(name)
-                    swapped.append((module, node))
-            module.recompile()
-        with torch.no_grad():
-            calibrate()
-    finally:
-        for _, node in swapped:
-            node.target = _LINEAR
-        for module in modules.values():
-            module.recompile()
+    nodes: list[tuple[torch.fx.GraphModule, torch.fx.Node, str]] = []
+    for module in modules.values():
+        recorded: set[Any] = set()
+        for node, name in _linear_weights(module, lambda n: False).items():
+            # The group's first linear records its input; the others read the same tensor.
+            if name in first and first[name] == name and node.args[0] not in recorded:
+                recorded.add(node.args[0])
+                nodes.append((module, node, name))
+    products = record_input_products(
+        nodes, calibrate, rows_of=lambda x: x.reshape(-1, x.shape[-1]), dtype=dtype
+    )
     return {
-        name: sums[key] / rows[key]
-        for name, key in first.items() if key in sums and rows[key]
+        name: products[key][0] / products[key][1]
+        for name, key in first.items() if key in products and products[key][1]
     }
 
 

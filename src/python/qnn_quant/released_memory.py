@@ -1,8 +1,11 @@
 """What PT2E leaves behind after a conversion, let go: the modules it memoized and the float
-weights nothing reads any more. Each costs a quantize stage its model's weights once more."""
+weights nothing reads any more. Each costs a quantize stage its model's weights once more. And
+the memory freed, handed back to the system rather than kept by the allocator."""
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import gc
 
 import torch
@@ -26,6 +29,26 @@ def forget_prepared_modules() -> None:
                    torchao.utils._assert_and_get_unique_device):
         lookup.cache_clear()
     gc.collect()
+    return_freed_heap()
+
+
+def return_freed_heap() -> bool:
+    """Hand the allocator's free heap pages back to the system (glibc's `malloc_trim`); False
+    where the C library has none.
+
+    A tensor smaller than glibc's mmap threshold lives on the heap, and the threshold rises to
+    the largest mapping freed so far (up to 32 MB), so after a model's first weights come and go
+    most tensors do. Freed heap pages stay in the process: once GPTQ has dropped its Hessians and
+    the weights it replaced, a causal LM's quantize stage kept that memory through convert, the
+    reference run and the save, as if nothing had been freed.
+    """
+    name = ctypes.util.find_library("c")
+    libc = ctypes.CDLL(name) if name else None
+    trim = getattr(libc, "malloc_trim", None)
+    if trim is None:
+        return False
+    trim(0)
+    return True
 
 
 def drop_unused_tensors(gm: torch.fx.GraphModule) -> int:

@@ -19,6 +19,7 @@ import torch
 
 from qnn_common.recipes import Recipe, WeightRounding
 from qnn_quant.gptq import GptqResult, pin_weight_scales, round_weights
+from qnn_quant.released_memory import return_freed_heap
 
 
 def rounds_during_calibration(recipe: Recipe) -> bool:
@@ -40,7 +41,9 @@ def round_before_prepare(
     when it does not, or rounds to nearest."""
     if rounding is not WeightRounding.GPTQ or rounds_during_calibration(recipe):
         return None
-    return round_weights(graphs, calibrate, bits=bits, skip=skip)
+    result = round_weights(graphs, calibrate, bits=bits, skip=skip)
+    return_freed_heap()  # the Hessians and the weights it replaced
+    return result
 
 
 def calibrate_with_rounding(
@@ -60,7 +63,9 @@ def calibrate_with_rounding(
         # Imported here: the LPBQ observer is ExecuTorch's QNN quantizer's (seconds to import).
         from qnn_quant.quantizers.lpbq_gptq import round_blocked_weights
 
-        return round_blocked_weights(prepared, calibrate)
+        result = round_blocked_weights(prepared, calibrate)
+        return_freed_heap()  # the Hessians and the weights it replaced
+        return result
     calibrate()
     if rounded is not None:
         for module in prepared.values():

@@ -30,6 +30,7 @@ import torch
 from qnn_common.errors import StageError
 from qnn_quant.gptq import GptqResult, gain_db, gptq, has_attr, nearest
 from qnn_quant.graph_params import replace_tensor
+from qnn_quant.input_products import record_input_products
 from qnn_quant.quantizers.lpbq_observer import LpbqWeightObserver
 
 log = logging.getLogger(__name__)
@@ -118,40 +119,21 @@ def _hessians(
     """``X^T X / rows`` of each blocked weight's inputs over `calibrate()`, in every module (one
     recorder per input node: q / k / v read one), summed per weight over the groups it is in;
     None for a weight no calibration input reached."""
-    sums: dict[tuple[str, ...], torch.Tensor] = {}
-    rows: dict[tuple[str, ...], int] = {}
-
-    def recorder(key: tuple[str, ...]) -> Callable[..., torch.Tensor]:
-        def conv(x: torch.Tensor, *args: Any) -> Any:
-            # A 1x1 convolution's input (N, in, H, W): one row per pixel.
-            flat = x.detach().transpose(1, -1).reshape(-1, x.shape[1]).to(torch.float64)
-            product = (flat.T @ flat).to(torch.float32)  # 30 layers' float64 would be ~1 GB
-            sums[key] = sums[key] + product if key in sums else product
-            rows[key] = rows.get(key, 0) + flat.shape[0]
-            return _CONV(x, *args)
-
-        return conv
-
-    swapped: list[torch.fx.Node] = []
-    try:
-        for method, gm in modules.items():
-            by_input: dict[Any, list[torch.fx.Node]] = {}
-            for node in convs[method]:
-                by_input.setdefault(node.args[0], []).append(node)
-            for group in by_input.values():
-                key = tuple(sorted(convs[method][n][0] for n in group))
-                group[0].target = recorder(key)
-                swapped.append(group[0])
-            gm.recompile()
-        with torch.no_grad():
-            calibrate()
-    finally:
-        for node in swapped:
-            node.target = _CONV
-        for gm in modules.values():
-            gm.recompile()
+    nodes: list[tuple[torch.fx.GraphModule, torch.fx.Node, tuple[str, ...]]] = []
+    for method, gm in modules.items():
+        by_input: dict[Any, list[torch.fx.Node]] = {}
+        for node in convs[method]:
+            by_input.setdefault(node.args[0], []).append(node)
+        for group in by_input.values():
+            nodes.append((gm, group[0], tuple(sorted(convs[method][n][0] for n in group))))
+    # A 1x1 convolution's input (N, in, H, W): one row per pixel. Summed in float32: 30 layers'
+    # float64 Hessians would be about 1 GB.
+    products = record_input_products(
+        nodes, calibrate, rows_of=lambda x: x.transpose(1, -1).reshape(-1, x.shape[1]),
+        dtype=torch.float32,
+    )
     keys: dict[str, list[tuple[str, ...]]] = {}
-    for key in sums:
+    for key in products:
         for path in key:
             keys.setdefault(path, []).append(key)
 
@@ -159,7 +141,9 @@ def _hessians(
         """Built when asked: one float64 matrix at a time, not one per weight at once."""
         if path not in keys:
             return None
-        total = sum((sums[key].to(torch.float64) for key in keys[path]), torch.zeros(()))
-        return total / sum(rows[key] for key in keys[path])
+        total = sum(
+            (products[key][0].to(torch.float64) for key in keys[path]), torch.zeros(())
+        )
+        return total / sum(products[key][1] for key in keys[path])
 
     return hessian
