@@ -44,11 +44,13 @@ def record_input_products(
         return call
 
     graphs = {id(gm): gm for gm, _, _ in nodes}
-    originals: list[tuple[torch.fx.Node, Any]] = []
+    originals: list[tuple[torch.fx.Node, Callable[..., Any]]] = []
     try:
         for _, node, key in nodes:
-            originals.append((node, node.target))
-            node.target = recorder(key, node.target)  # type: ignore[arg-type]
+            op = node.target
+            assert callable(op), f"{node.format_node()}: only a called op can be recorded"
+            originals.append((node, op))
+            node.target = recorder(key, op)
         for gm in graphs.values():
             gm.recompile()
         with torch.no_grad():

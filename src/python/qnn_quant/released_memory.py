@@ -5,8 +5,9 @@ the memory freed, handed back to the system rather than kept by the allocator.""
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
+import functools
 import gc
+from typing import Any
 
 import torch
 
@@ -42,13 +43,17 @@ def return_freed_heap() -> bool:
     the weights it replaced, a causal LM's quantize stage kept that memory through convert, the
     reference run and the save, as if nothing had been freed.
     """
-    name = ctypes.util.find_library("c")
-    libc = ctypes.CDLL(name) if name else None
-    trim = getattr(libc, "malloc_trim", None)
+    trim = _malloc_trim()
     if trim is None:
         return False
     trim(0)
     return True
+
+
+@functools.cache
+def _malloc_trim() -> Any:
+    # The process's own symbols: glibc's on Linux, none by that name elsewhere.
+    return getattr(ctypes.CDLL(None), "malloc_trim", None)
 
 
 def drop_unused_tensors(gm: torch.fx.GraphModule) -> int:
