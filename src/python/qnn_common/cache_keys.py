@@ -71,17 +71,19 @@ def cache_key(
 NOT_IN_CACHE_KEY: Mapping[str, bool] = types.MappingProxyType({"cache_key": False})
 
 
-def _identity(value: Any) -> Any:
-    """`to_jsonable(value)` less the dataclass fields marked `NOT_IN_CACHE_KEY`."""
+def keyed(value: Any) -> Any:
+    """`to_jsonable(value)` less the dataclass fields marked `NOT_IN_CACHE_KEY`: what a cache key
+    hashes of a config, and so what a manifest records of it (a config recorded with those fields
+    would not reproduce its own key)."""
     if is_dataclass(value) and not isinstance(value, type):
         return {
-            f.name: _identity(getattr(value, f.name))
+            f.name: keyed(getattr(value, f.name))
             for f in fields(value) if f.metadata.get("cache_key", True)
         }
     if isinstance(value, Mapping):
-        return {str(k): _identity(v) for k, v in value.items()}
+        return {str(k): keyed(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_identity(v) for v in value]
+        return [keyed(v) for v in value]
     return to_jsonable(value)
 
 
@@ -91,7 +93,7 @@ def key_from(
     """The key of `stage` from its config, input digests and the rest of its basis."""
     payload = {
         "stage": stage,
-        "config": _identity(config),
+        "config": keyed(config),
         "inputs": dict(sorted(input_digests.items())),
         **basis,
     }

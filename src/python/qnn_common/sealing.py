@@ -18,7 +18,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from qnn_common.cache_keys import cache_key, code_version, key_basis_of, key_from, tool_versions
+from qnn_common.cache_keys import (
+    cache_key,
+    code_version,
+    key_basis_of,
+    key_from,
+    keyed,
+    tool_versions,
+)
 from qnn_common.errors import ArtifactError
 from qnn_common.manifest import (
     MANIFEST_NAME,
@@ -84,7 +91,7 @@ def write_manifest(
         stage=stage,
         package=package,
         package_version=package_version,
-        config=to_jsonable(config),
+        config=keyed(config),  # as its key hashes it, so that the record reproduces the key
         inputs=dict(inputs),
         files=tuple(entries),
         tools=tool_versions(extra_tools),
