@@ -132,6 +132,78 @@ def _content_digest(plain: Mapping[str, Any]) -> str:
     return _canonical_sha256({k: v for k, v in plain.items() if k != "digest"})
 
 
+# Bounds no manifest a stage writes comes near (a size or a count fits in 20 digits; configs and
+# metrics nest a handful of levels), set well below what breaks Python: an integer of more than
+# 4,300 digits makes `json.loads` itself raise ValueError, and a deep nest a RecursionError in
+# whatever walks the value next.
+MAX_INT_DIGITS = 64
+MAX_NESTING = 64
+
+
+def read_manifest_json(text: str, path: Path) -> Any:
+    """The JSON value of `text` (the manifest read from `path`), parsed strictly.
+
+    Refused with ArtifactError naming `path`: what is not JSON, and what no stage writes: an
+    integer past MAX_INT_DIGITS digits, a non-finite number (`NaN`, `Infinity`, `1e999`; a stage
+    writes those as strings, `to_jsonable`), a key twice in one object (JSON keeps the last, so
+    the file would not say what it seems to), nesting past MAX_NESTING.
+    """
+
+    def unreadable(what: str) -> ArtifactError:
+        return ArtifactError(
+            path, f"manifest holds {what}, which no stage writes; not read; rerun the stage "
+            "that made it"
+        )
+
+    def integer(digits: str) -> int:
+        if len(digits.lstrip("-")) > MAX_INT_DIGITS:
+            raise unreadable(f"an integer of {len(digits.lstrip('-'))} digits")
+        return int(digits)
+
+    def real(text: str) -> float:
+        value = float(text)
+        if not math.isfinite(value):
+            raise unreadable(f"the number {text[:40]} (not finite as a float)")
+        return value
+
+    def constant(name: str) -> float:
+        raise unreadable(name)
+
+    def members(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        obj = dict(pairs)
+        if len(obj) != len(pairs):
+            twice = next(k for i, (k, _) in enumerate(pairs) if k in dict(pairs[:i]))
+            raise unreadable(f"the key {twice[:40]!r} twice in one object")
+        return obj
+
+    try:
+        raw = json.loads(text, parse_int=integer, parse_float=real, parse_constant=constant,
+                         object_pairs_hook=members)
+    except json.JSONDecodeError as err:
+        raise ArtifactError(path, f"manifest is not valid JSON ({err}); rerun the stage") from None
+    except RecursionError:  # nested past the parser's own stack
+        raise unreadable(f"values nested more than {MAX_NESTING} deep") from None
+    except ValueError as err:  # any other limit of Python's: still this file's fault
+        raise unreadable(f"a value Python cannot read ({err})") from None
+    if _nesting(raw) > MAX_NESTING:
+        raise unreadable(f"values nested more than {MAX_NESTING} deep")
+    return raw
+
+
+def _nesting(value: Any) -> int:
+    """How deep objects and arrays nest in `value` (without recursion: it may be deep)."""
+    deepest, stack = 0, [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        children = (
+            item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        )
+        if children is not None:
+            deepest = max(deepest, depth + 1)
+            stack.extend((child, depth + 1) for child in children)
+    return deepest
+
+
 def parse_manifest(raw: Any, path: Path) -> Manifest:
     """`raw` (the JSON read from `path`) as a Manifest; ArtifactError naming `path` and why not.
 

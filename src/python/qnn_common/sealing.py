@@ -11,7 +11,6 @@ a tampered, truncated or foreign artifact with the path and the reason.
 
 from __future__ import annotations
 
-import json
 import time
 import types
 from collections.abc import Mapping, Sequence
@@ -33,6 +32,7 @@ from qnn_common.manifest import (
     Manifest,
     ProgramRecord,
     parse_manifest,
+    read_manifest_json,
     to_jsonable,
 )
 from qnn_common.store.artifact_dir import MAX_MANIFEST_BYTES, is_staging, publish_artifact
@@ -188,14 +188,12 @@ def load_manifest(
             "stage writes; not read; rerun the stage",
         )
     try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ArtifactError(path, f"manifest is not valid JSON ({err}); rerun the stage") from None
-    except RecursionError:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
         raise ArtifactError(
-            path, "manifest is nested too deeply to be one of ours; rerun the stage"
+            path, f"manifest is not valid JSON (not UTF-8 text: {err}); rerun the stage"
         ) from None
-    manifest = parse_manifest(raw, path)
+    manifest = parse_manifest(read_manifest_json(text, path), path)
     if expect_stage is not None:
         wanted = (expect_stage,) if isinstance(expect_stage, str) else tuple(expect_stage)
         if manifest.stage not in wanted:

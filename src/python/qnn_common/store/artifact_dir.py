@@ -55,7 +55,10 @@ def is_our_artifact(directory: Path) -> bool:
     try:
         if path.stat().st_size > MAX_MANIFEST_BYTES:
             return False
-        raw = json.loads(path.read_text(encoding="utf-8"))
+        # Its numbers are not looked at: a manifest of ours whose numbers no reader takes (an
+        # integer past Python's 4,300 digits) is still ours, made again rather than a wedge.
+        raw = json.loads(path.read_text(encoding="utf-8"), parse_int=str, parse_float=str,
+                         parse_constant=str)
     except (OSError, ValueError, RecursionError):  # unreadable, not JSON, nested past parsing
         return False
     return isinstance(raw, dict) and raw.get("format") == FORMAT
