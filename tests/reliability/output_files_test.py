@@ -114,7 +114,11 @@ def test_an_invalid_run_touches_nothing_in_out(
     assert sorted(p.name for p in out.iterdir()) == ["summary.json"]
 
 
-@pytest.mark.parametrize("content", [USER_TEXT, '{"stages": "mine"}', "[1, 2]"])
+# The last: a user's own file with every key a summary has (issue 49, item 8: it was deleted).
+FIVE_KEYS = '{"model": "m", "backend": "b", "recipe": "r", "stages": [], "accuracy": {}}'
+
+
+@pytest.mark.parametrize("content", [USER_TEXT, '{"stages": "mine"}', "[1, 2]", FIVE_KEYS])
 def test_a_summary_json_that_is_not_ours_is_refused_before_any_stage(
     tmp_path: Path, content: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -140,3 +144,19 @@ def test_a_summary_json_symlink_is_refused(
     assert "is not a summary" in capsys.readouterr().err
     assert victim.read_text() == USER_TEXT
     assert (out / "summary.json").is_symlink()
+
+
+def test_a_sweep_leaves_a_users_summary_json_in_its_artifact_directory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The sweep removed `ARTIFACTS/summary.json` unread once its cells were done (issue 49)."""
+    from qnn_pipeline.sweep_cli import sweep_main
+
+    artifacts = tmp_path / "userproj"
+    artifacts.mkdir()
+    (artifacts / "summary.json").write_text(FIVE_KEYS)
+    argv = ["--model", "tiny-cnn", "--backend", "portable", "--recipe", "fp32", "--jobs", "1",
+            "--no-progress", "-q", "--out", str(tmp_path / "sweep"), "--artifacts", str(artifacts)]
+    assert sweep_main(argv) == 2
+    assert "is not a summary this pipeline wrote" in capsys.readouterr().err
+    assert (artifacts / "summary.json").read_text() == FIVE_KEYS

@@ -36,9 +36,11 @@ class StageRecord:
     artifact: Path | None = None
 
 
-# Keys every summary this pipeline writes has had (build_summary): how a previous run's file is
-# told from a user's own `summary.json`.
-_SUMMARY_KEYS = frozenset({"model", "backend", "recipe", "stages", "accuracy"})
+# What every summary this pipeline writes carries as `format`, and how a previous run's file is
+# told from a user's own `summary.json`: the keys alone were not enough (a user's file that held
+# the five headline keys was deleted, issue 49). A summary written before the marker is refused
+# like a user's file; the error says to move it away.
+SUMMARY_FORMAT = "qnn-pipeline-summary"
 
 
 def is_our_summary(path: Path) -> bool:
@@ -47,11 +49,17 @@ def is_our_summary(path: Path) -> bool:
         return False
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return False
-    if not isinstance(raw, dict):
-        return False
-    return raw.keys() >= _SUMMARY_KEYS and isinstance(raw["stages"], list)
+    return (isinstance(raw, dict) and raw.get("format") == SUMMARY_FORMAT
+            and isinstance(raw.get("stages"), list))
+
+
+def remove_our_summary(path: Path) -> None:
+    """Delete `path` if it is a summary this pipeline wrote; leave anything else alone."""
+    if is_our_summary(path):
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
 
 
 def remove_previous_summary(path: Path) -> None:
@@ -65,8 +73,9 @@ def remove_previous_summary(path: Path) -> None:
             return  # removed meanwhile by another run into this --out (a sweep's cells share one)
         raise ArtifactError(
             path,
-            "exists and is not a summary this pipeline wrote; refusing to replace it with this "
-            "run's: move it away, or choose another --out",
+            "exists and is not a summary this pipeline wrote (none with a \"format\": "
+            f"\"{SUMMARY_FORMAT}\"); refusing to replace it with this run's: move it away, or "
+            "choose another --out",
         )
     with contextlib.suppress(FileNotFoundError):
         path.unlink()
@@ -94,6 +103,7 @@ def build_summary(
     # with the context's defaults (which would call any program "xnnpack, fp32").
     bare = run.bare_pte and run.delegates is not None
     return {
+        "format": SUMMARY_FORMAT,
         "model": ctx.prepare.model,
         "backend": ("+".join(run.delegates or []) or "portable") if bare else ctx.backend.value,
         "recipe": None if run.bare_pte else ctx.recipe.value,

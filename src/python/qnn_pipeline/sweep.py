@@ -29,6 +29,7 @@ from qnn_common.config import Stage
 from qnn_common.errors import ConfigValidationError, PipelineError
 from qnn_common.recipes import Backend, Recipe
 from qnn_pipeline.context import PipelineContext, pipeline_from_mapping
+from qnn_pipeline.summary import SUMMARY_NAME, remove_our_summary
 
 log = logging.getLogger(__name__)
 
@@ -365,7 +366,8 @@ def run_sweep(
                                  on_done=on_done)
     # Each node's run_pipeline call wrote the artifact directory's summary.json, last one wins:
     # it describes no cell in particular. The cells' summaries are in sweep.json.
-    (artifact_dir / "summary.json").unlink(missing_ok=True)
+    # Only ours: a user's own file of that name made every cell fail, and is theirs to keep.
+    remove_our_summary(artifact_dir / SUMMARY_NAME)
     cells = cell_results(plan, results)
     counts = node_counts(plan, results)
     seconds = time.perf_counter() - start
