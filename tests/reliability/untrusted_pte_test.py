@@ -4,11 +4,15 @@ One flipped byte in an XNNPACK delegate segment made the runtime throw through p
 134, no message, a staging directory and a lock left behind. A program this process did not
 compile is now first loaded and run in a forked child (`qnn_infer.isolation`); a crash there is
 one `error:` line. The fuzz test flips and truncates a real program a few hundred times.
+
+Issue 49: one flipped byte in a planned buffer's size made the rehearsal child allocate about
+20 GB, then the parent the same; the child now runs under a memory cap (`qnn_infer.memory_cap`).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -23,15 +27,21 @@ from qnn_common.stages import PTE, InferInput
 from qnn_common.store import own_programs
 from qnn_compile.cli import main as compile_main
 from qnn_infer import cli as infer_cli
-from qnn_infer import isolation
+from qnn_infer import isolation, memory_cap
 from qnn_infer.api import run_infer
 from qnn_pipeline import cli as pipeline_cli
 from qnn_prepare.cli import main as prepare_main
 from qnn_quant.cli import main as quant_main
 from support import pte_fuzz
 from support.pipeline_runs import child_env, leftovers
-from support.pte_variants import aborting_variant, reseal
+from support.pte_variants import aborting_variant, memory_bomb_variant, reseal
 
+# What the bomb's plan asks for: past the default cap (2 GiB for a small program) and small
+# enough that, uncapped, this machine gives it (the issue's 20 GB was below its memory too).
+BOMB_BYTES = 3 << 30
+# The refusal's peak RSS (the CLI and its rehearsal child): torch and the runtime imported, well
+# under what the bomb asks for.
+REFUSAL_PEAK_BYTES = 1 << 30
 # The fuzz: seeded, bounded. Segment flips are where the issue found its abort.
 SEED, FLIPS, SEGMENT_FLIPS, TRUNCATIONS = 27, 100, 150, 50
 
@@ -167,3 +177,64 @@ def test_fuzzed_programs_end_in_a_clean_error_or_a_completed_run(
                           "error: runtime crashed"}, tally
     # The rehearsal is what turned the crashes into errors: the fuzz must still find some.
     assert tally.get("error: runtime crashed", 0) > 0, tally
+
+
+def _peak_rss_of(argv: list[str]) -> tuple[int, str, int]:
+    """Run `python argv` to its end: exit code, stderr and peak RSS in bytes (the process's own
+    or a waited-for child's, whichever is higher: wait4 reports both)."""
+    with subprocess.Popen([sys.executable, *argv], env=child_env(), text=True,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) as proc:
+        assert proc.stderr is not None
+        stderr = proc.stderr.read()
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+    return proc.returncode, stderr, usage.ru_maxrss * 1024  # ru_maxrss: KiB
+
+
+def test_a_program_that_asks_for_too_much_memory_is_refused_in_one_line(
+    compiled: Path, inputs: Path, tmp_path: Path
+) -> None:
+    """Its plan asks for 3 GiB: before the cap the rehearsal child allocated it, then the CLI
+    again, and it ran (exit 0, peak 3.4 GB); now it is one line, and the refusal's peak is small."""
+    pte = tmp_path / "bomb.pte"
+    pte.write_bytes(memory_bomb_variant((compiled / PTE).read_bytes(), BOMB_BYTES))
+    out = tmp_path / "out"
+    code, stderr, peak = _peak_rss_of(["-m", infer_cli.__name__, str(pte), "--inputs",
+                                       str(inputs), "-o", str(out), "--warmup", "0", "--runs", "1"])
+    assert code == 2, stderr[-2000:]
+    line = _one_error_line(stderr)
+    assert line.startswith(f"error: {pte}: the program asked the ExecuTorch runtime for more "
+                           "memory than its rehearsal may take (2.0 GiB more"), line
+    assert "while loading it" in line and memory_cap.MEMORY_ENV in line, line
+    assert peak < REFUSAL_PEAK_BYTES, f"peak RSS {peak / 2**20:.0f} MiB"
+    assert not out.exists() and leftovers(tmp_path) == []
+
+
+def test_the_budget_is_what_the_environment_says(
+    compiled: Path, inputs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The cap in the real child, at a budget the test sets: a plan of 256 MiB fails under 64 MiB
+    and runs under 1024 (a program you trust that needs more), and under 0 (no cap)."""
+    pte = tmp_path / "large.pte"
+    pte.write_bytes(memory_bomb_variant((compiled / PTE).read_bytes(), 256 << 20))
+    argv = [str(pte), "--inputs", str(inputs), "--warmup", "0", "--runs", "1", "-q",
+            "--no-accuracy-gates"]
+    monkeypatch.setenv(memory_cap.MEMORY_ENV, "64")
+    assert infer_cli.main([*argv, "-o", str(tmp_path / "64")]) == 2
+    line = _one_error_line(capsys.readouterr().err)
+    assert "more memory than its rehearsal may take (64 MiB more than" in line, line
+    for budget in ("1024", "0"):
+        monkeypatch.setenv(memory_cap.MEMORY_ENV, budget)
+        assert infer_cli.main([*argv, "-o", str(tmp_path / budget)]) == 0, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value", ["lots", "-1", "1e9"])
+def test_a_bad_memory_budget_is_one_error_line(
+    compiled: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str], value: str
+) -> None:
+    monkeypatch.setenv(memory_cap.MEMORY_ENV, value)
+    assert infer_cli.main([str(compiled), "-o", str(tmp_path / "out"), "-q"]) == 2
+    line = _one_error_line(capsys.readouterr().err)
+    assert memory_cap.MEMORY_ENV in line and "0 = no cap" in line, line

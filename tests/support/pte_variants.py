@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import struct
 from collections.abc import Iterator
 from pathlib import Path
+
+from executorch.exir._serialize._program import deserialize_pte_binary
 
 from qnn_common.manifest import MANIFEST_NAME
 from qnn_common.sealing import load_manifest
@@ -31,6 +34,16 @@ def aborting_variant(data: bytes) -> bytes:
     corrupt = bytearray(data)
     corrupt[at + 1] = 0xFF
     return bytes(corrupt)
+
+
+def memory_bomb_variant(data: bytes, ask: int) -> bytes:
+    """The issue's allocation bomb, made deterministic: the first method's largest planned buffer
+    made `ask` bytes. Loading the method allocates (and zeroes) that much."""
+    sizes = deserialize_pte_binary(data).program.execution_plan[0].non_const_buffer_sizes
+    packed = struct.pack("<q", max(sizes))
+    at = data.find(packed, 0, segment_base(data))
+    assert at >= 0 and data.find(packed, at + 1, segment_base(data)) < 0, "not one place"
+    return data[:at] + struct.pack("<q", ask) + data[at + len(packed):]
 
 
 def fuzz_variants(

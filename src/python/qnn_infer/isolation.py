@@ -15,6 +15,10 @@ and is reported by the usual path, and a program that ran here runs there. If th
 (a signal, an abort), the parent raises one ArtifactError naming the program, the step and the
 runtime's last words.
 
+The child runs under a memory cap (`qnn_infer.memory_cap`): a program whose plan asks for more
+(one flipped byte asked for 20 GB, issue 49) fails an allocation there, and the parent refuses it
+with one ArtifactError instead of running it in-process, where nothing would bound it.
+
 Why fork, not a fresh interpreter: the child shares the imported runtime, the loaded QNN
 libraries and the inputs, copy-on-write; a new Python would import torch again, seconds per
 program. The runtime's threadpool survives a fork (ExecuTorch reinitialises it in the child).
@@ -40,6 +44,7 @@ from qnn_common.cli.noise import stop_filtering_native_output
 from qnn_common.cli.support import EXIT_ERROR
 from qnn_common.errors import ArtifactError, PipelineError
 from qnn_common.store import own_programs
+from qnn_infer import memory_cap
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +53,10 @@ Rehearsal = Callable[[Step], object]
 
 # How much of what the runtime printed last is quoted in the error (one line).
 _TAIL_CHARS = 240
-# The child's exit codes: returned, raised a Python exception.
-_RETURNED, _RAISED = 0, 1
+# The child's exit codes: returned, raised a Python exception, ran out of memory (its cap).
+_RETURNED, _RAISED, _OUT_OF_MEMORY = 0, 1, 3
+# What the runtime prints when a C++ allocation fails where nothing turns it into a MemoryError.
+_NATIVE_OUT_OF_MEMORY = "std::bad_alloc"
 _ERROR_PREFIX = "error: "
 
 
@@ -71,6 +78,7 @@ def rehearse(pte: Path, rehearsal: Rehearsal) -> None:
     """
     if not hasattr(os, "fork"):  # not a POSIX system: nothing to isolate with
         return
+    budget = memory_cap.rehearsal_budget(pte)
     with tempfile.TemporaryFile() as output:
         steps_read, steps_write = os.pipe()
         sys.stdout.flush()
@@ -78,18 +86,20 @@ def rehearse(pte: Path, rehearsal: Rehearsal) -> None:
         pid = os.fork()
         if pid == 0:  # the child: never returns
             os.close(steps_read)
-            _child(rehearsal, steps_write, output.fileno())
+            _child(rehearsal, steps_write, output.fileno(), budget)
         os.close(steps_write)
         try:
             with os.fdopen(steps_read, "rb") as steps_file:
                 steps = steps_file.read()  # until the child exits and the pipe closes
-            _, status = os.waitpid(pid, 0)
+            _, status, usage = os.wait4(pid, 0)
         except BaseException:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, 0)
             raise
+        # ru_maxrss is in KiB on Linux.
+        log.debug("%s: rehearsed, peak RSS %.0f MiB", pte, usage.ru_maxrss / 1024)
         if os.WIFEXITED(status) and os.WEXITSTATUS(status) in (_RETURNED, _RAISED):
             return
         output.seek(0)
@@ -98,6 +108,16 @@ def rehearse(pte: Path, rehearsal: Rehearsal) -> None:
     if bounded is not None:
         raise PipelineError(bounded)  # the bound on one run (qnn_infer.deadline) ended the child
     last_step = steps.decode("utf-8", "replace").splitlines()[-1:] or ["loading it"]
+    out_of_memory = os.WIFEXITED(status) and os.WEXITSTATUS(status) == _OUT_OF_MEMORY
+    if out_of_memory or _NATIVE_OUT_OF_MEMORY in printed:
+        cap = f" ({memory_cap.describe(budget)} more than this process held)" if budget else ""
+        raise ArtifactError(
+            pte,
+            f"the program asked the ExecuTorch runtime for more memory than its rehearsal may "
+            f"take{cap} while {last_step[0]}; its memory plan is corrupt, or it was not made by "
+            "this pipeline: compile it again from its source (qnn-compile); if you trust it and "
+            f"it needs more, set {memory_cap.MEMORY_ENV} to the MiB it may take (0 = no cap)",
+        )
     raise ArtifactError(
         pte,
         f"the ExecuTorch runtime crashed ({_describe(status)}) while {last_step[0]}"
@@ -106,19 +126,23 @@ def rehearse(pte: Path, rehearsal: Rehearsal) -> None:
     )
 
 
-def _child(rehearsal: Rehearsal, steps_fd: int, output_fd: int) -> None:
+def _child(rehearsal: Rehearsal, steps_fd: int, output_fd: int, budget: int | None) -> None:
     code = _RAISED
     try:
         os.dup2(output_fd, 1)
         os.dup2(output_fd, 2)
         stop_filtering_native_output()  # what the runtime prints before it dies is the reason
+        if budget is not None:
+            memory_cap.cap_this_process(budget)
 
         def step(description: str) -> None:
             os.write(steps_fd, description.encode("utf-8", "replace") + b"\n")
 
         rehearsal(step)
         code = _RETURNED
-    except BaseException:  # the parent meets any Python error again in-process, and reports it
+    except MemoryError:  # the runtime's std::bad_alloc: in-process, nothing would cap it
+        code = _OUT_OF_MEMORY
+    except BaseException:  # the parent meets any other Python error again in-process
         pass  # code stays _RAISED
     finally:
         # No atexit handlers, no buffered output flushed twice, no finally of the parent's stack.
