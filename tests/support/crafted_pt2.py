@@ -9,7 +9,9 @@ import json
 import pickle
 import warnings
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -124,3 +126,33 @@ def with_member(original: Path, dst: Path, name: str, size: int) -> Path:
             for start in range(0, size, len(chunk)):
                 blob.write(chunk[: min(len(chunk), size - start)])
     return dst
+
+
+def with_program_json(original: Path, dst: Path, edit: Callable[[dict[str, Any]], None]) -> Path:
+    """`original` with its program JSON (`models/model.json`) changed in place by `edit`."""
+    root, members = _members(original)
+    name = "models/model.json"
+    program = json.loads(members[name])
+    edit(program)
+    members[name] = json.dumps(program).encode()
+    with zipfile.ZipFile(dst, "w", zipfile.ZIP_STORED) as out:
+        for member, data in members.items():
+            out.writestr(f"{root}/{member}", data)
+    return dst
+
+
+def touch_code(marker: Path) -> str:
+    """Python that writes `marker` and evaluates to 16 (a size that fits the plain program)."""
+    return f"(__import__('pathlib').Path({str(marker)!r}).write_text('payload ran') and 16)"
+
+
+def first_size(program: dict[str, Any]) -> dict[str, Any]:
+    """The first tensor size of a program JSON's first tensor value: a SymInt torch deserializes."""
+    values = program["graph_module"]["graph"]["tensor_values"]
+    sizes: list[dict[str, Any]] = next(iter(values.values()))["sizes"]
+    return sizes[0]
+
+
+def graph_nodes(program: dict[str, Any]) -> list[dict[str, Any]]:
+    nodes: list[dict[str, Any]] = program["graph_module"]["graph"]["nodes"]
+    return nodes

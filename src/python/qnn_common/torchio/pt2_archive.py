@@ -6,11 +6,15 @@ constants marked `use_pickle` (tensor subclasses) are loaded with `weights_only=
 opaque objects go through `pickle.loads`; an AOTInductor package carries native code. A
 `__reduce__` payload in any of them runs on load.
 
+The program's JSON is no pickle but is not inert either: torch evaluates its symbolic sizes with
+sympy, `exec`s its guards and resolves its node targets by name (`program_json`).
+
 `check_pt2_archive` opens the archive through `bounded_zip` (canonical, unique names;
 sizes bounded by the headers before anything is inflated) and accepts only what
 torch.export.save writes for a plain program: weights and constants stored as raw tensor bytes,
-sample inputs that load with `weights_only=True`, JSON. Everything else is refused with the
-member and the reason.
+sample inputs that load with `weights_only=True`, program JSON whose every evaluated string fits
+`program_json`'s grammar (its guards dropped). Everything else is refused with the member and the
+reason.
 
 Torch never reads the file itself. It gets `CheckedPt2.archive`, written here from the members
 just checked, under the names checked (so no second name can reach another copy), holding only
@@ -35,6 +39,7 @@ import torch
 
 from qnn_common.errors import ArtifactError
 from qnn_common.torchio.bounded_zip import BoundedZip, open_bounded_zip
+from qnn_common.torchio.program_json import checked_program_json
 
 _PRODUCE = "produce one with torch.export.save(torch.export.export(model, inputs), path)"
 _WHAT = "an exported program"
@@ -85,9 +90,13 @@ def check_pt2_archive(path: Path, file: BinaryIO) -> CheckedPt2:
         # (a 1B decoder's weights are 5 GB; its second method loads beside the first's).
         buffer = io.BytesIO()
         with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as out:
-            for name in (*_ROOT_RECORDS, program):
+            for name in _ROOT_RECORDS:
                 if name in members:
                     out.writestr(f"{archive.root}/{name}", archive.read(name))
+            out.writestr(
+                f"{archive.root}/{program}",
+                checked_program_json(path, program, archive.read(program)),
+            )
             for kind in ("weights", "constants"):
                 for name, data in _payload(path, archive, kind):
                     out.writestr(f"{archive.root}/{name}", data)
