@@ -7,6 +7,7 @@ from qnn_common.cache_keys import cache_key, code_version
 from qnn_common.config import Stage
 from qnn_common.sealing import load_manifest
 from qnn_common.stages import PTE, InferInput, InferOutput
+from qnn_infer.device import check_device_ready
 from qnn_infer.families import family_for
 from qnn_infer.sealing import input_digests
 
@@ -19,6 +20,7 @@ def run_infer(inp: InferInput) -> InferOutput:
     """Run the program on its artifact's eval inputs (or `inputs_file`, or a prompt), judge it
     against its references and time it: find the program, pick its family
     (`qnn_infer.families`), run."""
+    check_device_ready(inp.config)  # before any program is loaded
     if inp.source.is_dir():
         upstream = load_manifest(inp.source, expect_stage=Stage.COMPILE)
         pte = inp.source / PTE

@@ -73,25 +73,8 @@ class DeviceRunner:
         self.timeout_s = timeout_s
         self._device_libs = tuple(Path(p) for p in device_libs)
 
-        problems: list[str] = []
-        runner_problem = _check_android_binary(runner_binary)
-        if runner_problem:
-            problems.append(runner_problem)
-        adb_path = shutil.which(adb)
-        device: _AdbDevice | None = None
-        if adb_path is None:
-            problems.append(
-                f"the adb binary ({adb!r} is not on PATH; install Android platform-tools)"
-            )
-        else:
-            device, device_problem = _pick_device(adb_path, serial)
-            if device_problem:
-                problems.append(device_problem)
-        if problems:
-            raise BackendNotAvailableError(
-                "running on an Android device needs: " + "; ".join(problems)
-            )
-        assert adb_path is not None and device is not None and runner_binary is not None
+        adb_path, device = _ready_device(runner_binary, serial, adb)
+        assert runner_binary is not None
         self._adb = adb_path
         self.serial = device.serial
         self._runner_binary = Path(runner_binary)
@@ -163,11 +146,44 @@ class DeviceRunner:
         return done.stdout
 
 
+def check_device_ready(cfg: InferConfig) -> None:
+    """Raise BackendNotAvailableError naming everything a run on `cfg.device` lacks on this host
+    (the executor runner built for Android, adb, the device itself); nothing without a device.
+
+    At most one `adb devices`: cheap enough for the pipeline to call before any stage runs, so
+    that a missing adb does not cost a prepare, a quantize and a compile first.
+    """
+    if cfg.device is not None:
+        _ready_device(cfg.device_runner, None if cfg.device == "auto" else cfg.device, "adb")
+
+
+def _ready_device(
+    runner_binary: Path | None, serial: str | None, adb: str
+) -> tuple[str, _AdbDevice]:
+    """adb's path and the device to run on, or BackendNotAvailableError naming every problem."""
+    problems: list[str] = []
+    runner_problem = _check_android_binary(runner_binary)
+    if runner_problem:
+        problems.append(runner_problem)
+    adb_path = shutil.which(adb)
+    device: _AdbDevice | None = None
+    if adb_path is None:
+        problems.append(f"the adb binary ({adb!r} is not on PATH; install Android platform-tools)")
+    else:
+        device, device_problem = _pick_device(adb_path, serial)
+        if device_problem:
+            problems.append(device_problem)
+    if problems:
+        raise BackendNotAvailableError("running on an Android device needs: " + "; ".join(problems))
+    assert adb_path is not None and device is not None
+    return adb_path, device
+
+
 def _check_android_binary(path: Path | None) -> str | None:
     """Why `path` is not a usable Android (arm64) executor runner, or None if it looks right."""
     what = "the executor runner built for Android (arm64-v8a, e.g. qnn_executor_runner)"
     if path is None:
-        return f"{what}; pass runner_binary"
+        return f"{what}; pass --device-runner"
     path = Path(path)
     if not path.is_file():
         return f"{what}; {path} does not exist"

@@ -36,6 +36,7 @@ from qnn_common.store.artifact_dir import cleans_up_artifacts
 from qnn_common.store.artifact_lock import acquire_artifact_lock, release_artifact_lock
 from qnn_compile.api import compile_cache_key, run_compile
 from qnn_infer.api import infer_cache_key, run_infer
+from qnn_infer.device import check_device_ready
 from qnn_infer.gate_check import AccuracyGateError, gate_failure
 from qnn_infer.program_check import check_program_matches
 from qnn_pipeline.context import PipelineContext
@@ -226,6 +227,8 @@ def run_pipeline(ctx: PipelineContext, *, from_artifact: Path | None = None) -> 
         check_compatible(sdk)
         log.info("QNN %s at %s%s", sdk.qnn_version, sdk.root,
                  " (x86 dev SDK, bridged)" if sdk.bridged else "")
+    if Stage.INFER not in ctx.skip and ctx.stop_after in (None, Stage.INFER):
+        check_device_ready(ctx.infer)  # no adb or device must not cost three stages first
     generation = ctx.infer.generation
     if first is Stage.PREPARE and generation is not None and not ctx.prepare.kv_cache:
         # Without a KV cache the program is a plain forward: the prompt would be dropped, and
