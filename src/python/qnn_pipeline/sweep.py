@@ -331,6 +331,7 @@ def run_sweep(
     artifact_dir: Path | None = None,
     jobs: int | None = None,
     ray_address: str | None = None,
+    ray_timeout: float | None = None,
     progress: bool = True,
     verbose: bool = False,
 ) -> SweepResult:
@@ -338,7 +339,8 @@ def run_sweep(
 
     Artifacts go to `artifact_dir` (default `out_dir/artifacts`), shared by every cell. `jobs=1`
     without `ray_address` runs in this process; otherwise on a local Ray of `jobs` CPUs (default:
-    all), or on the cluster at `ray_address`.
+    all), or on the cluster at `ray_address`, joined within `ray_timeout` seconds (default:
+    `ray_join.DEFAULT_JOIN_TIMEOUT_S`).
     """
     from tqdm import tqdm  # a dependency of the stages (calibration progress)
 
@@ -360,10 +362,11 @@ def run_sweep(
         if jobs == 1 and ray_address is None:
             results = run_in_process(plan, on_done)
         else:
+            from qnn_pipeline.ray_join import DEFAULT_JOIN_TIMEOUT_S
             from qnn_pipeline.sweep_ray import run_on_ray
 
             results = run_on_ray(plan, jobs=jobs, address=ray_address, verbose=verbose,
-                                 on_done=on_done)
+                                 on_done=on_done, timeout_s=ray_timeout or DEFAULT_JOIN_TIMEOUT_S)
     # Each node's run_pipeline call wrote the artifact directory's summary.json, last one wins:
     # it describes no cell in particular. The cells' summaries are in sweep.json.
     # Only ours: a user's own file of that name made every cell fail, and is theirs to keep.

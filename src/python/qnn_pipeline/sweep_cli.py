@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,9 +17,11 @@ from qnn_common.cli.support import (
     check_output_writable,
     setup_logging,
 )
+from qnn_common.config.toml_file import read_toml
 from qnn_common.errors import ConfigValidationError
 from qnn_common.recipes import Backend, Recipe, parse_enum
 from qnn_common.soc import lookup_soc
+from qnn_pipeline.ray_join import check_ray_address
 from qnn_pipeline.sweep import STAGE_SECTIONS, Matrix, run_sweep
 
 EPILOG = """examples:
@@ -37,7 +38,8 @@ sweep.toml:
   socs = ["SM8650"]        # qnn cells: one per SoC
   out = "sweep"            # sweep.md, sweep.json; artifacts in out/artifacts unless `artifacts`
   jobs = 2
-  # ray_address = "ray://head:10001"
+  # ray_address = "head:6379"   # or "ray://head:10001": needs pip install 'ray[client]'
+  # ray_timeout = 60            # seconds to join it
   [infer]                  # [prepare] [quantize] [compile] [infer]: as in a pipeline TOML,
   runs = 10                # shared by every cell
 
@@ -47,7 +49,8 @@ others still ran; sweep.md lists each failure with its stage and reason).
 
 """
 
-SWEEP_KEYS = ("models", "backends", "recipes", "socs", "out", "artifacts", "jobs", "ray_address")
+SWEEP_KEYS = ("models", "backends", "recipes", "socs", "out", "artifacts", "jobs", "ray_address",
+              "ray_timeout")
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,7 @@ class SweepOptions:
     artifacts: Path | None
     jobs: int | None
     ray_address: str | None
+    ray_timeout: float | None = None
 
 
 def build_sweep_parser() -> argparse.ArgumentParser:
@@ -79,7 +83,12 @@ def build_sweep_parser() -> argparse.ArgumentParser:
                    "a path every node sees")
     p.add_argument("--jobs", type=int,
                    help="parallel cells on a local Ray (default: every core); 1 runs in process")
-    p.add_argument("--ray-address", help="join this Ray cluster instead of starting a local one")
+    p.add_argument("--ray-address",
+                   help="join this Ray cluster instead of starting a local one: host:6379 (the "
+                   "head's GCS), or ray://host:10001 (Ray Client: pip install 'ray[client]')")
+    p.add_argument("--ray-timeout", type=float,
+                   help="seconds to join the cluster at --ray-address before giving up "
+                   "(default: 60)")
     p.add_argument("--runs", type=int, help="timed inference runs per cell (default: 20)")
     p.add_argument("--threads", type=int,
                    help="runtime threads per cell's timed runs (default: every core; with "
@@ -138,25 +147,20 @@ def sweep_from_mapping(
     address = top.get("ray_address")
     if address is not None and not isinstance(address, str):
         raise ConfigValidationError("sweep.ray_address", address, "must be a string")
+    timeout = top.get("ray_timeout")
+    if timeout is not None and (not isinstance(timeout, int | float) or isinstance(timeout, bool)
+                                or not 0 < timeout <= 3600):
+        raise ConfigValidationError("sweep.ray_timeout", timeout,
+                                    "must be a number of seconds, above 0 and at most 3600")
     artifacts = top.get("artifacts")
     options = SweepOptions(
         out=Path(top.get("out", "sweep")),
         artifacts=None if artifacts is None else Path(artifacts),
         jobs=jobs,
         ray_address=address,
+        ray_timeout=timeout,
     )
     return matrix, options
-
-
-def _load_toml(path: Path) -> dict[str, Any]:
-    try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigValidationError("config", str(path), "file not found") from None
-    except tomllib.TOMLDecodeError as err:
-        raise ConfigValidationError("config", str(path), f"not valid TOML: {err}") from None
-    except (OSError, UnicodeDecodeError) as err:
-        raise ConfigValidationError("config", str(path), f"cannot read it: {err}") from None
 
 
 def sweep_main(argv: Sequence[str] | None) -> int:
@@ -169,7 +173,7 @@ def sweep_main(argv: Sequence[str] | None) -> int:
         for name in ("qnn_pipeline.orchestrator", *(f"qnn_{s}" for s in ("prepare", "quant",
                                                                            "compile", "infer"))):
             logging.getLogger(name).setLevel(logging.WARNING)
-    data = _load_toml(args.config) if args.config is not None else {}
+    data = read_toml(args.config) if args.config is not None else {}
     stage_flags = {
         "prepare": {"seq_len": args.seq_len, "calibration_samples": args.calibration_samples},
         "infer": {"runs": args.runs, "threads": args.threads},
@@ -179,19 +183,22 @@ def sweep_main(argv: Sequence[str] | None) -> int:
         "recipes": _split(args.recipe), "socs": _split(args.soc),
         "out": None if args.out is None else str(args.out),
         "artifacts": None if args.artifacts is None else str(args.artifacts),
-        "jobs": args.jobs, "ray_address": args.ray_address,
+        "jobs": args.jobs, "ray_address": args.ray_address, "ray_timeout": args.ray_timeout,
         "settings": {s: {k: v for k, v in t.items() if v is not None}
                      for s, t in stage_flags.items() if any(v is not None for v in t.values())},
     }
     if args.config is None and overrides["models"] is None:
         parser.error("pass --model (and --backend, --recipe) or --config sweep.toml")
     matrix, options = sweep_from_mapping(data, overrides)
+    if options.ray_address is not None:
+        check_ray_address(options.ray_address)  # a missing ray[client] before any work
     check_output_writable(options.out, "--out")
     if options.artifacts is not None:
         check_output_writable(options.artifacts, "--artifacts")
     result = run_sweep(
         matrix, options.out, artifact_dir=options.artifacts, jobs=options.jobs,
-        ray_address=options.ray_address, progress=not args.no_progress, verbose=args.verbose,
+        ray_address=options.ray_address, ray_timeout=options.ray_timeout,
+        progress=not args.no_progress, verbose=args.verbose,
     )
     print(result.markdown, end="")
     print(f"tables: {result.markdown_path}, {result.json_path}")

@@ -12,8 +12,8 @@ import contextlib
 import os
 from typing import Any
 
-from qnn_common.cli.child_env import import_path, path_exported
-from qnn_common.errors import PipelineError
+from qnn_common.cli.child_env import import_path
+from qnn_pipeline.ray_join import DEFAULT_JOIN_TIMEOUT_S, first_line, joined_ray
 from qnn_pipeline.ray_reaper import reaped_ray
 from qnn_pipeline.sweep import NodeResult, ProgressCallback, SweepPlan, execute_node
 
@@ -39,29 +39,21 @@ def run_on_ray(
     address: str | None = None,
     verbose: bool = False,
     on_done: ProgressCallback | None = None,
+    timeout_s: float = DEFAULT_JOIN_TIMEOUT_S,
 ) -> dict[str, NodeResult]:
     """Submit every node as a Ray task that waits for its parent's result; collect them all.
 
-    Starts Ray (and shuts it down after) unless this process already joined one. A local Ray
-    it starts dies with it, even by kill -9 (`ray_reaper`); a cluster's is never touched.
+    Starts Ray (and shuts it down after) unless this process already joined one; joining the
+    cluster at `address` must take under `timeout_s` seconds (`ray_join`). A local Ray it starts
+    dies with it, even by kill -9 (`ray_reaper`); a cluster's is never touched.
     """
     import ray
 
     if ray.is_initialized():
         return _submit(ray, plan, on_done)
-    with reaped_ray() if address is None else contextlib.nullcontext():
-        try:
-            # A local Ray's node (raylet, its runtime_env and dashboard agents) is started by
-            # ray.init as `sys.executable` children with this environment: under a PEX they
-            # could not import ray, exited at once and the node timed out (issue 24).
-            with path_exported():
-                ray.init(**ray_init_kwargs(jobs, address, verbose))
-        except Exception as err:  # Ray raises bare Exception (node timeout), OSError, ...
-            raise PipelineError(_not_started(address, err)) from err
-        try:
-            return _submit(ray, plan, on_done)
-        finally:
-            ray.shutdown()
+    with (reaped_ray() if address is None else contextlib.nullcontext(),
+          joined_ray(ray, ray_init_kwargs(jobs, address, verbose), address, timeout_s)):
+        return _submit(ray, plan, on_done)
 
 
 def _submit(ray: Any, plan: SweepPlan, on_done: ProgressCallback | None) -> dict[str, NodeResult]:
@@ -90,22 +82,6 @@ def _submit(ray: Any, plan: SweepPlan, on_done: ProgressCallback | None) -> dict
     return results
 
 
-def _first_line(err: BaseException) -> str:
-    lines = str(err).strip().splitlines()
-    return lines[0] if lines else type(err).__name__
-
-
-def _not_started(address: str | None, err: BaseException) -> str:
-    """One line: what failed, why (Ray's own first line) and what to do."""
-    if address is not None:
-        return (f"could not join the Ray cluster at {address}: {_first_line(err)}; check "
-                "--ray-address (ray://host:10001 or host:6379), or run with --jobs 1 to sweep "
-                "in this process without Ray")
-    return (f"could not start a local Ray: {_first_line(err)}; its logs are under "
-            "<tmp>/ray/session_latest/logs; run with --jobs 1 to sweep in this process without "
-            "Ray")
-
-
 def _task_failed(err: BaseException) -> str:
     """A node's failure when Ray, not the stage, ended it: the worker process died (SIGKILL,
     out of memory, a native crash), so no stage error exists to report."""
@@ -116,4 +92,4 @@ def _task_failed(err: BaseException) -> str:
         return (f"the Ray worker running this stage died ({type(err).__name__}): killed, out "
                 "of memory or a crash in native code; rerun the cell alone with qnn-pipeline "
                 "(or the sweep with --jobs 1) to see what it printed")
-    return f"Ray task failed: {_first_line(err)}"
+    return f"Ray task failed: {first_line(err)}"
