@@ -156,7 +156,7 @@ def test_pt_file_that_is_not_a_sample_list(cnn: LoadedModel, tmp_path: Path) -> 
         make_calibration(cnn, num_samples=1, source=path, seed=0)
     garbage = tmp_path / "garbage.pt"
     garbage.write_bytes(b"not a torch file")
-    with pytest.raises(ArtifactError, match="weights_only"):
+    with pytest.raises(ArtifactError, match="not a zip archive.*torch.save"):
         load_samples(garbage)
 
 

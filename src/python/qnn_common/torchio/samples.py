@@ -1,10 +1,14 @@
 """The sample files that travel between stages: model inputs and outputs, checked on the way in.
 
-Every load goes through `torch.load(weights_only=True)`: these files may come from users, and a
-pickle from outside must never execute code. Files are serialized in memory and then written
-atomically: torch names the zip's inner folder after the file it writes, so writing a temp file
-directly would put its random name into the bytes, and the same inputs would not give the same
-file. Exported programs (`.pt2`) are `programs.py`'s.
+Every load goes through `tensor_file.load_tensor_file`: these files may come from users, so their
+sizes and structure are bounded before torch reads them, and a pickle from outside is only ever
+unpickled weights-only, never executing code. Once loaded, `check_structure` bounds each
+sample's nesting again (by identity: shared parts counted once) before anything walks it.
+
+Files are serialized in memory and then written atomically: torch names the zip's inner folder
+after the file it writes, so writing a temp file directly would put its random name into the
+bytes, and the same inputs would not give the same file. Exported programs (`.pt2`) are
+`programs.py`'s.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import torch
 
 from qnn_common.errors import ArtifactError
 from qnn_common.store.atomic import atomic_write_bytes
+from qnn_common.torchio.tensor_file import load_tensor_file
 
 Sample = tuple[torch.Tensor, ...]
 
@@ -30,6 +35,11 @@ _CONSTANT_TYPES = (bool, int, float, type(None))
 # Marks a file of structured samples (see save_samples); a bare list is the flat format.
 _STRUCTURED_KEY = "qnn_inputs"
 _STRUCTURED_VERSION = 1
+# Bounds on one value's structure (a sample's args or kwargs), as a tree: no honest input comes
+# near them, and every later walk (tree_flatten, deepcopy, describe) stays cheap within them.
+MAX_DEPTH = 32
+MAX_VALUES = 2**20
+_WHAT = "a file of samples"
 
 
 @dataclass(frozen=True)
@@ -87,25 +97,67 @@ def describe_value(value: object) -> str:
 
 def check_structure(value: object, where: str) -> str | None:
     """None if `value` nests only tuples, lists, str-keyed dicts, tensors and constants (int,
-    float, bool, None), else what is wrong and where (`where` names `value`)."""
-    if isinstance(value, (torch.Tensor, *_CONSTANT_TYPES)):
-        return None
-    if isinstance(value, tuple | list):
-        for i, item in enumerate(value):
-            if (problem := check_structure(item, f"{where}[{i}]")) is not None:
-                return problem
-        return None
+    float, bool, None), at most `MAX_DEPTH` deep and `MAX_VALUES` values as a tree, else what is
+    wrong and where (`where` names `value`).
+
+    Linear in the number of distinct containers: one shared by several parents is checked once
+    and counted by identity, so a small value whose parts repeat (``a = [a, a]`` forty times)
+    is refused at once instead of walked 2^40 times, and a container holding itself is refused.
+    """
+    sizes: dict[int, tuple[int, int]] = {}  # id of a checked container -> (values, depth)
+    open_: set[int] = set()
+    pending: list[tuple[object, str, bool]] = [(value, where, False)]
+    while pending:
+        item, at, children_done = pending.pop()
+        if not isinstance(item, tuple | list | dict):
+            if not isinstance(item, (torch.Tensor, *_CONSTANT_TYPES)):
+                return (
+                    f"{at} is a {type(item).__name__}; inputs may nest tuples, lists and "
+                    "str-keyed dicts of tensors, int, float, bool and None"
+                )
+            continue
+        key = id(item)
+        children = _children(item, at)
+        if children_done:
+            open_.discard(key)
+            inner = [sizes.get(id(c), (1, 0)) for c, _ in children]
+            sizes[key] = count, depth = (
+                1 + sum(n for n, _ in inner), 1 + max((d for _, d in inner), default=0)
+            )
+            if depth > MAX_DEPTH:
+                return f"{at} nests deeper than {MAX_DEPTH} levels"
+            if count > MAX_VALUES:
+                return (
+                    f"{at} holds more than {MAX_VALUES} values once its shared parts are "
+                    "expanded (containers that repeat themselves)"
+                )
+            continue
+        if key in sizes:
+            continue
+        if key in open_:
+            return f"{at} contains itself"
+        if isinstance(item, dict):
+            for k in item:
+                if not isinstance(k, str):
+                    kind = type(k).__name__
+                    return f"{at} has a {kind} key {_short_repr(k)}; dict keys must be str"
+        open_.add(key)
+        pending.append((item, at, True))
+        pending.extend((c, w, False) for c, w in reversed(children))
+    return None
+
+
+def _children(
+    value: tuple[Any, ...] | list[Any] | dict[Any, Any], at: str
+) -> list[tuple[object, str]]:
     if isinstance(value, dict):
-        for key, item in value.items():
-            if not isinstance(key, str):
-                return f"{where} has a {type(key).__name__} key {key!r}; dict keys must be str"
-            if (problem := check_structure(item, f"{where}[{key!r}]")) is not None:
-                return problem
-        return None
-    return (
-        f"{where} is a {type(value).__name__}; inputs may nest tuples, lists and str-keyed dicts "
-        "of tensors, int, float, bool and None"
-    )
+        return [(v, f"{at}[{k!r}]") for k, v in value.items()]
+    return [(v, f"{at}[{i}]") for i, v in enumerate(value)]
+
+
+def _short_repr(value: object) -> str:
+    text = repr(value) if isinstance(value, int | float | str | bytes | None) else ""
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def save_samples(path: Path, samples: Sequence[Sample | ModelInputs]) -> None:
@@ -158,14 +210,7 @@ def _stored(value: Any) -> Any:
 
 
 def _read(path: Path) -> object:
-    if not path.is_file():
-        raise ArtifactError(path, "does not exist")
-    try:
-        return torch.load(path, weights_only=True, map_location="cpu")
-    except Exception as err:  # pickle, zip and weights_only errors share no base class
-        raise ArtifactError(
-            path, f"cannot be read as a tensor file with torch.load(weights_only=True): {err}"
-        ) from None
+    return load_tensor_file(path, what=_WHAT)
 
 
 def load_samples(path: Path, *, like: Sample | None = None) -> list[Sample]:
