@@ -7,7 +7,9 @@ loops run for hours, neither interruptible from inside the process. So the templ
 in a forked child (the tokenizer is already loaded, nothing is imported again) under an address
 space limit, killed past a deadline, and its text is taken only up to a size limit; the parent
 then tokenizes the text as `apply_chat_template(tokenize=True)` would. Every way it fails is one
-ArtifactError naming the tokenizer's template. Infer renders the user's prompt with it; prepare
+ArtifactError naming the tokenizer's template. A template itself larger than
+`MAX_TEMPLATE_BYTES` is refused before any of that (template files are bounded before transformers
+reads them too: `qnn_common.torchio.hf_untrusted`). Infer renders the user's prompt with it; prepare
 renders the chat-formatted calibration texts of an instruct model.
 """
 
@@ -21,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from qnn_common.errors import ArtifactError
+from qnn_common.torchio.hf_untrusted import MAX_TEMPLATE_BYTES
 
 TIMEOUT_S = 10.0
 MEMORY_BYTES = 1 << 30  # the child's address space beyond what it inherits
@@ -32,7 +35,7 @@ def render_chat_prompt(tokenizer: Any, prompt: str, where: Path) -> str:
 
     `where` names the template's files in errors. Refused: a template that takes longer than
     TIMEOUT_S, needs more than MEMORY_BYTES, renders more than 1 MiB besides twice the prompt,
-    or fails (a Jinja error, a sandbox SecurityError).
+    is itself larger than MAX_TEMPLATE_BYTES, or fails (a Jinja error, a sandbox SecurityError).
     """
     return render_chat(tokenizer, [{"role": "user", "content": prompt}], where,
                        add_generation_prompt=True)
@@ -44,6 +47,7 @@ def render_chat(
 ) -> str:
     """`messages` (role / content turns) through `tokenizer`'s chat template, bounded as
     `render_chat_prompt` says (1 MiB besides twice the messages' text)."""
+    _check_template_size(tokenizer, where)
     limit = _BASE_OUTPUT + 2 * sum(len(m["content"].encode("utf-8")) for m in messages)
     context = multiprocessing.get_context("fork")
     receive, send = context.Pipe(duplex=False)
@@ -73,6 +77,20 @@ def render_chat(
             where, f"the chat template cannot be rendered: {text}; fix the template or drop --chat"
         )
     return str(text)
+
+
+def _check_template_size(tokenizer: Any, where: Path) -> None:
+    """Refuse a template past MAX_TEMPLATE_BYTES before Jinja parses it: parsing costs about
+    twice the template's size, before the deadline or the memory limit can stop it."""
+    template = getattr(tokenizer, "chat_template", None)
+    templates = template.values() if isinstance(template, dict) else [template]
+    size = sum(len(t.encode("utf-8")) for t in templates if isinstance(t, str))
+    if size > MAX_TEMPLATE_BYTES:
+        raise ArtifactError(
+            where, f"the chat template is {size / 2**20:.1f} MiB, more than the "
+            f"{MAX_TEMPLATE_BYTES >> 20} MiB a template may be (published ones are kilobytes); "
+            "replace it with the model's real template or drop --chat",
+        )
 
 
 def _render(

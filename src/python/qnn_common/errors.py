@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+_SHOWN_CHARS = 200  # of a bad value's repr in a ConfigValidationError's message
+
 
 class PipelineError(Exception):
     """Base of every error this project raises deliberately.
@@ -38,7 +40,10 @@ class ConfigValidationError(PipelineError, ValueError):
         self.value = value
         self.reason = reason
         self.allowed = allowed
-        msg = f"{field}: {value!r} is invalid: {reason}"
+        shown = repr(value)
+        if len(shown) > _SHOWN_CHARS:  # a value from a file may be megabytes: show its start
+            shown = f"{shown[:_SHOWN_CHARS]}... ({len(shown):,} characters)"
+        msg = f"{field}: {shown} is invalid: {reason}"
         if allowed:
             msg += f" (allowed: {', '.join(allowed)})"
         super().__init__(msg)

@@ -26,6 +26,9 @@ LLM_CUSTOM_OPS_MODULE = "executorch.extension.llm.custom_ops.custom_ops"
 PREFILL = "prefill"
 DECODE = "decode"
 METHODS = (PREFILL, DECODE)
+# A prompt past this is refused before tokenizing: about 250,000 tokens of English, more than
+# any context here holds, and a few megabytes of tokenizer memory at most.
+MAX_PROMPT_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -124,7 +127,7 @@ class GenerationConfig:
         if not isinstance(self.prompt, str) or not self.prompt:
             raise ConfigValidationError("generation.prompt", self.prompt, "give a non-empty prompt")
         try:
-            self.prompt.encode("utf-8")
+            size = len(self.prompt.encode("utf-8"))
         except UnicodeEncodeError:
             # Bytes of a command line that are not UTF-8 arrive as lone surrogates, which no
             # tokenizer takes (a TypeError deep inside one).
@@ -133,6 +136,13 @@ class GenerationConfig:
                 "is not valid UTF-8 text (the command line or file held bytes in another "
                 "encoding); pass the prompt as UTF-8",
             ) from None
+        if size > MAX_PROMPT_BYTES:
+            # Refused before any tokenizer sees it: tokenizing tens of megabytes costs gigabytes.
+            raise ConfigValidationError(
+                "generation.prompt", f"{size / 2**20:.1f} MiB of text",
+                f"is longer than the {MAX_PROMPT_BYTES >> 20} MiB a prompt may be (more than any "
+                "model's context holds); shorten it",
+            )
         if not 1 <= self.max_new_tokens <= 100_000:
             raise ConfigValidationError(
                 "generation.max_new_tokens", self.max_new_tokens, "must be in [1, 100000]"

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import tomllib
 import types
 import typing
 from collections.abc import Iterable, Mapping
@@ -49,6 +48,7 @@ from qnn_common.config import (
     QuantizeConfig,
     Stage,
 )
+from qnn_common.config.toml_file import read_toml
 from qnn_common.errors import ConfigValidationError
 from qnn_common.recipes import BACKENDS, Backend, Recipe, parse_enum
 from qnn_common.soc import lookup_soc
@@ -209,18 +209,7 @@ Overrides = Mapping[str, Mapping[str, Any]]
 
 def load_pipeline_toml(path: Path, overrides: Overrides | None = None) -> PipelineContext:
     """Load a pipeline config file; `overrides` (e.g. CLI flags) win over the file's values."""
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigValidationError("config", str(path), "file not found") from None
-    except tomllib.TOMLDecodeError as err:
-        raise ConfigValidationError("config", str(path), f"not valid TOML: {err}") from None
-    except (OSError, UnicodeDecodeError) as err:  # a directory, no permission, not UTF-8
-        raise ConfigValidationError("config", str(path), f"cannot read it: {err}") from None
-    except RecursionError:  # tomllib parses nested arrays and tables recursively
-        raise ConfigValidationError(
-            "config", str(path), "is nested too deeply to be a pipeline config"
-        ) from None
+    data = read_toml(path)  # size-bounded, every failure one ConfigValidationError
     return pipeline_from_mapping(data, overrides)
 
 

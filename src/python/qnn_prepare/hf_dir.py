@@ -42,15 +42,58 @@ def read_json(path: Path) -> dict[str, Any]:
     return read_hf_json(path)
 
 
-def load_tokenizer(model_dir: Path) -> Any | None:
-    """The directory's tokenizer, or None when it has none (random token ids are used then)."""
-    if not any((model_dir / f).is_file() for f in TOKENIZER_FILE_NAMES if f != "config.json"):
+# A tokenizer's own files: with none of them a directory has no tokenizer (random-weight test
+# models often ship none); with any, it has one, and it must load.
+OWN_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json",
+                       "merges.txt", "tokenizer.model", "spiece.model")
+
+
+def read_tokenizer(model_dir: Path) -> Any | None:
+    """transformers' tokenizer of `model_dir`, None when it ships none of OWN_TOKENIZER_FILES.
+
+    One that ships them but does not load (a truncated tokenizer.json) is refused here, naming
+    the file: dropping it would export a model whose artifact carries those files and fails
+    only when infer reads them.
+    """
+    present = [model_dir / f for f in OWN_TOKENIZER_FILES if (model_dir / f).is_file()]
+    if not present:
         return None
     from transformers import AutoTokenizer
 
     try:
-        tokenizer = AutoTokenizer.from_pretrained(str(model_dir), **HF_LOAD)
-    except (OSError, ValueError):
+        return AutoTokenizer.from_pretrained(str(model_dir), **HF_LOAD)
+    # Tokenizer files are parsed by transformers, tokenizers (Rust) and sentencepiece, which
+    # raise what they like on a corrupt file (a JSONDecodeError, an Exception from Rust, ...).
+    except Exception as err:
+        raise ArtifactError(
+            _broken_tokenizer_file(present),
+            f"the tokenizer does not load ({type(err).__name__}: "
+            f"{' '.join(str(err).split())[:300]}); restore the model's tokenizer files, or "
+            "delete them all to export with byte token ids",
+        ) from None
+
+
+def _broken_tokenizer_file(present: list[Path]) -> Path:
+    """Which of `present` is unreadable: tokenizer.json when tokenizers cannot parse it, else
+    the first file (transformers' message names what it tripped on)."""
+    fast = present[0]
+    if fast.name == "tokenizer.json":
+        from tokenizers import Tokenizer
+
+        try:
+            Tokenizer.from_file(str(fast))
+        except Exception:  # what a corrupt file raises in tokenizers' Rust code
+            return fast
+        if len(present) > 1:
+            return present[1]
+    return fast
+
+
+def load_tokenizer(model_dir: Path) -> Any | None:
+    """The directory's tokenizer (`read_tokenizer`), with a pad token; None when it has none
+    (random token ids are used then)."""
+    tokenizer = read_tokenizer(model_dir)
+    if tokenizer is None:
         return None
     # Decoder tokenizers often ship without a pad token; padding to a fixed length needs one.
     if tokenizer.pad_token is None and tokenizer.eos_token is not None:
@@ -107,6 +150,25 @@ class HfDir:
         )
 
 
+def read_auto_config(model_dir: Path) -> Any:
+    """transformers' config of `model_dir`, after `check_model_dir`; one ArtifactError if
+    transformers still cannot build it."""
+    check_model_dir(model_dir)
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(str(model_dir), **HF_LOAD)
+    # check_model_dir checks the fields this project reads; transformers' config classes check
+    # the others (huggingface_hub's StrictDataclassError, a TypeError, a KeyError, ...), and a
+    # config from outside may fail any of them.
+    except Exception as err:
+        raise ArtifactError(
+            model_dir / "config.json",
+            f"transformers cannot read this config ({type(err).__name__}: "
+            f"{' '.join(str(err).split())[:300]}); fix config.json or re-save the model",
+        ) from None
+
+
 def is_hf_dir_spec(spec: str) -> bool:
     """Whether `spec` names a directory (a path separator, ./ or ~, or an existing directory)."""
     return "/" in spec or spec.startswith((".", "~")) or Path(spec).expanduser().is_dir()
@@ -134,15 +196,8 @@ def open_hf_dir(model_dir: Path, *, name: str, seed: int) -> HfDir:
             "with save_pretrained() or point at the directory that holds config.json",
         )
     config_json = check_model_dir(model_dir)  # before transformers reads a byte of it
-    archs = tuple(str(a) for a in config_json.get("architectures") or [])
-    from transformers import AutoConfig
-
-    try:
-        config = AutoConfig.from_pretrained(str(model_dir), **HF_LOAD)
-    except (OSError, ValueError, KeyError) as err:
-        raise ArtifactError(
-            config_file, f"transformers cannot read this config ({err}); check model_type"
-        ) from err
+    archs = tuple(config_json.get("architectures") or [])
+    config = read_auto_config(model_dir)
     vocab_size = getattr(config, "vocab_size", None)
     if not isinstance(vocab_size, int):
         raise ConfigValidationError(

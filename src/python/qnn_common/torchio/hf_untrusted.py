@@ -10,24 +10,24 @@ where the user names it: a `package.module:function` model factory, which may lo
 model with `trust_remote_code=True` itself. So no opt-in flag: the factory is the opt-in, and it
 says whose code it is.
 
-A config also says how big a model to build, and transformers allocates what it says before any
-weight is read (a million layers: minutes and gigabytes, then a MemoryError).
-`check_config_sizes` refuses sizes past `SIZE_LIMITS` (each well above any published model),
-and a model whose smallest possible weights (two hidden x hidden matrices per layer and the
-embedding, in 16-bit) exceed this machine's memory. JSON files are read only up to
-`MAX_JSON_BYTES` (configs are kilobytes; tokenizer.json files, not read here, are larger).
+A config also says how big a model to build, and its fields feed transformers' strict
+dataclasses: `check_model_dir` has `qnn_common.torchio.hf_config.check_config` check them (types,
+ranges, agreement, the weights' total against this machine's memory) first. JSON files are read
+only up to `MAX_JSON_BYTES` (configs are kilobytes; tokenizer.json files, not read here, are
+larger), and chat template files only up to `MAX_TEMPLATE_BYTES` (a template is read whole and
+parsed before it renders: a 2 GB one costs gigabytes before any time limit can stop it).
 """
 
 from __future__ import annotations
 
 import json
-import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Final
 
 from qnn_common.errors import ArtifactError
+from qnn_common.torchio.hf_config import check_config
 
 HF_LOAD: Final[Mapping[str, Any]] = MappingProxyType(
     {"local_files_only": True, "trust_remote_code": False}
@@ -36,19 +36,11 @@ MAX_JSON_BYTES = 16 * 2**20
 # Files in which transformers looks for an `auto_map` for the Auto classes this project uses.
 CODE_MAPS = ("config.json", "tokenizer_config.json", "processor_config.json",
              "preprocessor_config.json")
-# Far above any published model (layers: 126 for Llama 3.1 405B; hidden: 16,384; vocabulary:
-# 256,000 for Gemma), far below what makes one allocation absurd.
-SIZE_LIMITS: Final[Mapping[str, int]] = MappingProxyType({
-    "num_hidden_layers": 1024, "n_layer": 1024, "num_layers": 1024,
-    "hidden_size": 65_536, "n_embd": 65_536, "d_model": 65_536,
-    "intermediate_size": 1_048_576, "n_inner": 1_048_576, "ffn_dim": 1_048_576,
-    "num_attention_heads": 1024, "n_head": 1024, "num_key_value_heads": 1024,
-    "head_dim": 65_536, "num_experts": 4096, "num_local_experts": 4096,
-    "vocab_size": 4_194_304,
-    "max_position_embeddings": 16_777_216, "n_positions": 16_777_216,
-})
-_LAYERS = ("num_hidden_layers", "n_layer", "num_layers")
-_HIDDEN = ("hidden_size", "n_embd", "d_model")
+MAX_TEMPLATE_BYTES = 1 << 20  # published templates, tool-use ones included, are kilobytes
+# Files transformers reads a chat template from, whole (an old tokenizer_config.json's
+# "chat_template" key is bounded as JSON, and again at rendering).
+TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json")
+TEMPLATE_DIR = "additional_chat_templates"
 _FACTORY_HINT = (
     "this tool loads only the model and tokenizer classes transformers ships, never a "
     "directory's own code; to run it, wrap the model in a 'package.module:function' factory "
@@ -83,13 +75,18 @@ def read_hf_json_value(path: Path) -> Any:
 
 
 def refuse_custom_code(directory: Path) -> None:
-    """Raise ArtifactError if any of `directory`'s CODE_MAPS files maps custom code."""
+    """Raise ArtifactError if any of `directory`'s CODE_MAPS files maps custom code or holds an
+    `auto_map` transformers cannot read (null, a string), or if a chat template file is larger
+    than MAX_TEMPLATE_BYTES: all before transformers reads the directory."""
     for name in CODE_MAPS:
         path = directory / name
         if not path.is_file():
             continue
-        auto_map = read_hf_json(path).get("auto_map")
-        if auto_map:
+        data = read_hf_json(path)
+        if "auto_map" not in data:
+            continue
+        auto_map = data["auto_map"]
+        if auto_map and isinstance(auto_map, dict | list):
             shown = ", ".join(f"{k} -> {v}" for k, v in auto_map.items()) if isinstance(
                 auto_map, dict) else repr(auto_map)
             raise ArtifactError(
@@ -97,57 +94,38 @@ def refuse_custom_code(directory: Path) -> None:
                 f"auto_map asks transformers to import and run the directory's own code "
                 f"({shown[:200]}); {_FACTORY_HINT}",
             )
+        if auto_map != {}:
+            raise ArtifactError(
+                path,
+                f"auto_map is {json.dumps(auto_map)[:60]}, not an object naming classes; "
+                "delete the auto_map key (it is needed only by models that ship their own code)",
+            )
+    _check_template_sizes(directory)
+
+
+def _check_template_sizes(directory: Path) -> None:
+    extra = directory / TEMPLATE_DIR
+    paths = [directory / name for name in TEMPLATE_FILES]
+    if extra.is_dir():
+        paths.extend(sorted(extra.iterdir()))
+    for path in paths:
+        try:
+            size = path.stat().st_size if path.is_file() else 0
+        except OSError:
+            continue  # unreadable: transformers says so when it reads the directory
+        if size > MAX_TEMPLATE_BYTES:
+            raise ArtifactError(
+                path,
+                f"the chat template is {size / 2**20:.1f} MiB; a chat template here may be at "
+                f"most {MAX_TEMPLATE_BYTES >> 20} MiB (published ones are kilobytes); replace it "
+                "with the model's real template",
+            )
 
 
 def check_model_dir(directory: Path) -> dict[str, Any]:
-    """`refuse_custom_code` and `check_config_sizes` on a model directory; its config.json."""
+    """`refuse_custom_code` and `check_config` on a model directory; its config.json."""
     refuse_custom_code(directory)
     config_file = directory / "config.json"
     config = read_hf_json(config_file)
-    check_config_sizes(config_file, config)
+    check_config(config_file, config)
     return config
-
-
-def check_config_sizes(path: Path, config: Mapping[str, Any]) -> None:
-    """Raise ArtifactError if `config` (read from `path`) asks for a size past SIZE_LIMITS, or
-    for weights that cannot fit in this machine's memory; nested configs (text_config, ...)
-    included."""
-    for where, section in _sections(config, ""):
-        for field, limit in SIZE_LIMITS.items():
-            value = section.get(field)
-            if isinstance(value, int) and not isinstance(value, bool) and value > limit:
-                raise ArtifactError(
-                    path,
-                    f"{where}{field} = {value} is past the sane limit of {limit}; a config "
-                    "asking for that builds no model that could run here; fix the config",
-                )
-        layers = _first_int(section, _LAYERS)
-        hidden = _first_int(section, _HIDDEN)
-        vocab = _first_int(section, ("vocab_size",))
-        if layers and hidden:
-            least = 2 * (2 * layers * hidden * hidden + vocab * hidden)  # bytes, 16-bit weights
-            memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-            if least > memory:
-                raise ArtifactError(
-                    path,
-                    f"{where}layers x hidden size x vocab_size ({layers} x {hidden} x {vocab}) "
-                    f"ask for at least {least / 2**30:.1f} GiB of weights; this machine has "
-                    f"{memory / 2**30:.1f} GiB of memory; fix the config or use a larger host",
-                )
-
-
-def _sections(config: Mapping[str, Any], where: str, depth: int = 0) -> Iterator[
-        tuple[str, Mapping[str, Any]]]:
-    yield where, config
-    if depth < 4:
-        for key, value in config.items():
-            if isinstance(value, Mapping):
-                yield from _sections(value, f"{where}{key}.", depth + 1)
-
-
-def _first_int(section: Mapping[str, Any], fields: tuple[str, ...]) -> int:
-    for field in fields:
-        value = section.get(field)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return value
-    return 0

@@ -34,6 +34,7 @@ from qnn_prepare.causal_lm.tiny_decoders import (
     save_tiny_decoder,
     text_bytes,
 )
+from qnn_prepare.hf_dir import read_auto_config, read_tokenizer
 
 # Context length when neither the user nor a small model's config asks for less.
 DEFAULT_MAX_SEQ_LEN = 512
@@ -111,7 +112,7 @@ def is_causal_lm_dir(path: Path) -> bool:
         archs = read_hf_json(config).get("architectures") or []
     except ArtifactError:
         return False  # the loaders say what is wrong with it
-    return any(str(a).endswith("ForCausalLM") for a in archs)
+    return isinstance(archs, list) and any(str(a).endswith("ForCausalLM") for a in archs)
 
 
 def load_causal_lm(
@@ -144,6 +145,8 @@ def _causal_lm_dir(spec: str) -> Path:
         )
     if not path.is_dir():
         raise ArtifactError(path, "not a directory; pass a local Hugging Face causal-LM directory")
+    if (path / "config.json").is_file():
+        check_model_dir(path)  # a malformed config is named, not taken for another model's
     if not is_causal_lm_dir(path):
         raise ConfigValidationError(
             "model", spec,
@@ -200,12 +203,9 @@ def _shapes(config: Any, max_seq_len: int | None, prefill_len: int | None) -> tu
 
 
 def _tokenizer(directory: Path) -> Any | None:
-    from transformers import AutoTokenizer
-
-    try:
-        return AutoTokenizer.from_pretrained(str(directory), **HF_LOAD)
-    except (OSError, ValueError, TypeError):
-        return None  # random-weight test models often ship none: token ids are bytes then
+    # Random-weight test models often ship none: token ids are bytes then. One that does not
+    # load is refused (read_tokenizer), never dropped.
+    return read_tokenizer(directory)
 
 
 def check_prompt_fits(
@@ -227,12 +227,8 @@ def check_prompt_fits(
         config = AutoConfig.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
         tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     else:
-        from transformers import AutoConfig
-
         directory = _causal_lm_dir(spec)  # not one: refused here, before --out is touched
-        check_model_dir(directory)
-        config = AutoConfig.from_pretrained(str(directory), **HF_LOAD)
-        config = config.get_text_config()
+        config = read_auto_config(directory).get_text_config()
         tokenizer = _tokenizer(directory)
     max_len, chunk = _shapes(config, max_seq_len, prefill_len)
     if tokenizer is None:
