@@ -114,3 +114,24 @@ def test_a_ray_client_address_without_ray_client_says_what_to_install(
     assert len(errors) == 1 and "ray://head:10001" in errors[0], err
     assert "pip install 'ray[client]'" in errors[0]
     assert not (tmp_path / "sweep").exists()
+
+
+def test_a_second_sweep_into_one_out_is_refused_while_the_first_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 49, item 9: two sweeps into one --out kept only the last writer's tables."""
+    import fcntl
+
+    out = tmp_path / "sweep"
+    out.mkdir()
+    (out / "sweep.md").write_text("the first sweep's table\n")
+    with open(out / ".sweep.lock", "w") as held:  # the first sweep, still running
+        held.write("12345\n")
+        held.flush()
+        fcntl.flock(held, fcntl.LOCK_EX)
+        argv = [*SWEEP[1:], "--jobs", "1", "-q", "--out", str(out)]
+        assert pipeline_cli.main(["sweep", *argv]) == 2
+    err = capsys.readouterr().err
+    assert f"error: {out}: another sweep (pid 12345) is writing its tables here" in err, err
+    assert (out / "sweep.md").read_text() == "the first sweep's table\n"
+    assert sorted(p.name for p in out.iterdir()) == [".sweep.lock", "sweep.md"]

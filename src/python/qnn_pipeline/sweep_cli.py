@@ -21,6 +21,7 @@ from qnn_common.config.toml_file import read_toml
 from qnn_common.errors import ConfigValidationError
 from qnn_common.recipes import Backend, Recipe, parse_enum
 from qnn_common.soc import lookup_soc
+from qnn_pipeline.out_lock import sole_sweep
 from qnn_pipeline.ray_join import check_ray_address
 from qnn_pipeline.sweep import STAGE_SECTIONS, Matrix, run_sweep
 
@@ -195,11 +196,12 @@ def sweep_main(argv: Sequence[str] | None) -> int:
     check_output_writable(options.out, "--out")
     if options.artifacts is not None:
         check_output_writable(options.artifacts, "--artifacts")
-    result = run_sweep(
-        matrix, options.out, artifact_dir=options.artifacts, jobs=options.jobs,
-        ray_address=options.ray_address, ray_timeout=options.ray_timeout,
-        progress=not args.no_progress, verbose=args.verbose,
-    )
+    with sole_sweep(options.out):  # its tables are this sweep's alone
+        result = run_sweep(
+            matrix, options.out, artifact_dir=options.artifacts, jobs=options.jobs,
+            ray_address=options.ray_address, ray_timeout=options.ray_timeout,
+            progress=not args.no_progress, verbose=args.verbose,
+        )
     print(result.markdown, end="")
     print(f"tables: {result.markdown_path}, {result.json_path}")
     if result.ok:
