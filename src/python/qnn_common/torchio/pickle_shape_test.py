@@ -14,7 +14,7 @@ def _data_pkl(value: object) -> bytes:
     buffer = io.BytesIO()
     torch.save(value, buffer)
     with zipfile.ZipFile(io.BytesIO(buffer.getvalue())) as archive:
-        (name,) = [n for n in archive.namelist() if n.endswith("/data.pkl")]
+        (name,) = (n for n in archive.namelist() if n.endswith("/data.pkl"))
         return archive.read(name)
 
 
