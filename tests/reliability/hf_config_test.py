@@ -283,3 +283,13 @@ def test_a_toml_just_under_the_bound_still_reads_and_its_prompt_is_bounded(
                       + "word " * (300_000) + '"""\n', encoding="utf-8")
     with pytest.raises(ConfigValidationError, match="prompt"):
         load_pipeline_toml(config)
+
+
+def test_weights_that_do_not_match_the_config_are_one_message(tmp_path: Path) -> None:
+    """A hidden size changed after saving: well-formed, so only loading the weights shows it
+    (transformers' RuntimeError said only "look at the above report")."""
+    from qnn_prepare.causal_lm.export import load_causal_lm
+
+    model = _with_config(tmp_path, hidden_size=60, num_attention_heads=4)
+    with pytest.raises(ArtifactError, match="do not match what config.json describes"):
+        load_causal_lm(str(model))

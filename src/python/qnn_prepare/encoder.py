@@ -17,7 +17,7 @@ from torch import nn
 from qnn_common.errors import ArtifactError, BackendNotAvailableError, ConfigValidationError
 from qnn_common.llm import MASK_VALUE
 from qnn_common.torchio.hf_untrusted import HF_LOAD, read_hf_json_value
-from qnn_prepare.hf_dir import HfDir, example_tokens, open_hf_dir, read_json
+from qnn_prepare.hf_dir import WEIGHT_ERRORS, HfDir, example_tokens, open_hf_dir, read_json
 from qnn_prepare.task import LoadedModel
 
 MINILM = "minilm"
@@ -146,7 +146,7 @@ def load_encoder(hf_dir: HfDir, *, seq_len: int, seed: int) -> LoadedModel:
         hf = AutoModel.from_pretrained(
             str(hf_dir.path), **HF_LOAD, attn_implementation="eager"
         )
-    except OSError as err:
+    except WEIGHT_ERRORS as err:
         raise hf_dir.load_error(err) from err
     if pooling is not None and isinstance(getattr(hf, "pooler", None), nn.Module):
         # The model's own pooler (BERT's tanh dense) is unused by sentence-transformers; dropping

@@ -143,11 +143,31 @@ class HfDir:
         """Whether its architecture is a ``*ForCausalLM`` (a decoder with an LM head)."""
         return any(a.endswith("ForCausalLM") for a in self.architectures)
 
-    def load_error(self, err: OSError) -> ArtifactError:
+    def load_error(self, err: Exception) -> ArtifactError:
         """The error for weights that do not load."""
+        return weights_error(self.path, err)
+
+
+# What transformers raises (a RuntimeError) when a checkpoint's weights and its config disagree.
+_MISMATCHED = "ignore_mismatched_sizes"
+# What loading weights from outside raises, for `weights_error`.
+WEIGHT_ERRORS = (OSError, ValueError, RuntimeError)
+
+
+def weights_error(directory: Path, err: Exception) -> ArtifactError:
+    """The one message for weights of `directory` that transformers did not load."""
+    if _MISMATCHED in str(err):
         return ArtifactError(
-            self.path, f"cannot load the weights ({err}); the directory needs model.safetensors"
+            directory,
+            "the weights' shapes do not match what config.json describes (its sizes, heads or "
+            "head_dim were changed after the weights were saved); fix config.json or re-save "
+            "the model with save_pretrained",
         )
+    return ArtifactError(
+        directory, f"cannot load the weights ({type(err).__name__}: "
+        f"{' '.join(str(err).split())[:300]}); the directory needs model.safetensors that "
+        "match its config.json",
+    )
 
 
 def read_auto_config(model_dir: Path) -> Any:

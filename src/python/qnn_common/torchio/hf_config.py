@@ -16,6 +16,7 @@ this machine's memory. Fields it does not know are left to transformers.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from collections.abc import Callable, Iterator, Mapping
@@ -164,11 +165,13 @@ def _check_section(path: Path, where: str, section: Mapping[str, Any]) -> None:
             raise refuse(field, "must be true or false")
     for field in _TOKEN_IDS:
         value = section.get(field)
-        ids = value if isinstance(value, list) else [value]
+        # Only generation's stop tokens may be several.
+        ids = value if isinstance(value, list) and field == "eos_token_id" else [value]
         if field in section and not all(
             i is None or (_is_int(i) and -_TOKEN_ID_LIMIT < i < _TOKEN_ID_LIMIT) for i in ids
         ):
-            raise refuse(field, "must be a token id (a whole number), a list of them, or null")
+            several = ", a list of them" if field == "eos_token_id" else ""
+            raise refuse(field, f"must be a token id (a whole number){several} or null")
     if "model_type" in section and not (
         isinstance(section["model_type"], str) and section["model_type"]
     ):
@@ -275,5 +278,9 @@ def _kind(value: object) -> str:
 
 
 def _shown(value: object) -> str:
-    text = "null" if value is None else repr(value)
+    """`value` as config.json writes it."""
+    try:
+        text = json.dumps(value)
+    except (TypeError, ValueError):
+        text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."

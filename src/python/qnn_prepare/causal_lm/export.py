@@ -34,7 +34,7 @@ from qnn_prepare.causal_lm.tiny_decoders import (
     save_tiny_decoder,
     text_bytes,
 )
-from qnn_prepare.hf_dir import read_auto_config, read_tokenizer
+from qnn_prepare.hf_dir import WEIGHT_ERRORS, read_auto_config, read_tokenizer, weights_error
 
 # Context length when neither the user nor a small model's config asks for less.
 DEFAULT_MAX_SEQ_LEN = 512
@@ -164,8 +164,8 @@ def _load_dir(
     check_model_dir(directory)  # before transformers reads a byte of it
     try:
         hf = AutoModelForCausalLM.from_pretrained(str(directory), **HF_LOAD)
-    except (OSError, ValueError) as err:
-        raise ArtifactError(directory, f"cannot load the causal LM ({err})") from err
+    except WEIGHT_ERRORS as err:
+        raise weights_error(directory, err) from err
     config = hf.config.get_text_config()
     max_len, chunk = _shapes(config, max_seq_len, prefill_len)
     tokenizer = _tokenizer(directory)

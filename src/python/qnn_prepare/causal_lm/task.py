@@ -38,7 +38,7 @@ from qnn_prepare.causal_lm.export import (
 from qnn_prepare.causal_lm.kv_io import export_kv_io_methods, kv_layout
 from qnn_prepare.causal_lm.smollm2 import SMOLLM2, SMOLLM2_DESCRIPTION, save_smollm2
 from qnn_prepare.causal_lm.tiny_decoders import TINY_DECODERS, save_tiny_decoder
-from qnn_prepare.hf_dir import HfDir, example_tokens, is_hf_dir_spec, open_hf_dir
+from qnn_prepare.hf_dir import WEIGHT_ERRORS, HfDir, example_tokens, is_hf_dir_spec, open_hf_dir
 from qnn_prepare.single import export_single
 from qnn_prepare.task import LoadedModel, TaskExport
 
@@ -79,7 +79,7 @@ def load_logits_lm(hf_dir: HfDir, *, seq_len: int, seed: int) -> LoadedModel:
     torch.manual_seed(seed)  # only matters if weights are missing and get initialized
     try:
         hf = AutoModelForCausalLM.from_pretrained(str(hf_dir.path), **HF_LOAD)
-    except OSError as err:
+    except WEIGHT_ERRORS as err:
         raise hf_dir.load_error(err) from err
     return LoadedModel(
         name=hf_dir.name,
