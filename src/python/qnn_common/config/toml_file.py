@@ -25,8 +25,8 @@ def read_toml(path: Path) -> dict[str, Any]:
         if len(data) > MAX_TOML_BYTES:
             raise ConfigValidationError(
                 "config", str(path),
-                f"is larger than {MAX_TOML_BYTES >> 20} MiB, far past any config; pass the "
-                "config file itself (a prompt in it may be at most 1 MiB)",
+                f"is larger than {MAX_TOML_BYTES >> 20} MiB, far past any config; shorten it "
+                "(a prompt in it may be at most 1 MiB)",
             )
         return tomllib.loads(data.decode("utf-8"))
     except FileNotFoundError:
