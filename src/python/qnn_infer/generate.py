@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from qnn_common.cli.noise import native_noise_filtered
 from qnn_common.errors import ArtifactError, StageError
 from qnn_common.llm import (
     DECODE,
@@ -69,14 +70,18 @@ class PteLm:
         self, pte: Path, spec: LlmSpec, rope: tuple[torch.Tensor, torch.Tensor] | None = None,
         sink: SinkTable | None = None,
     ) -> None:
-        program = host_runtime().load_program(str(pte))
-        missing = {PREFILL, DECODE} - set(program.method_names)
-        if missing:
-            raise ArtifactError(
-                pte, f"has methods {sorted(program.method_names)}, a causal LM needs {PREFILL} "
-                f"and {DECODE}; compile it from a KV-cache export (qnn-prepare --kv-cache)",
-            )
-        self._methods = {m: program.load_method(m) for m in (PREFILL, DECODE)}
+        # The QNN runtime reports each method's load on fd 2, and the HTP emulator its start on
+        # fd 1: held back, so that what streams next is the generated text alone.
+        with native_noise_filtered(stdout=True):
+            program = host_runtime().load_program(str(pte))
+            missing = {PREFILL, DECODE} - set(program.method_names)
+            if missing:
+                raise ArtifactError(
+                    pte, f"has methods {sorted(program.method_names)}, a causal LM needs "
+                    f"{PREFILL} and {DECODE}; compile it from a KV-cache export "
+                    "(qnn-prepare --kv-cache)",
+                )
+            self._methods = {m: program.load_method(m) for m in (PREFILL, DECODE)}
         self._bounds = {m: bound_for(f"running {m} of {pte}") for m in (PREFILL, DECODE)}
         self.prefill, self.decode = method_steps(spec, self._run, rope, sink)
         self.fastest: dict[str, float] = {}  # method -> seconds of its fastest call so far
@@ -91,6 +96,13 @@ class PteLm:
         took = time.perf_counter() - t
         self.fastest[name] = min(took, self.fastest.get(name, took))
         return outputs
+
+    def close(self) -> None:
+        """Release the methods now, the runtime's goodbyes held back like its greetings: left
+        to the interpreter's exit, the QNN runtime's "Destroy Qnn context" lines followed the
+        report."""
+        with native_noise_filtered():
+            self._methods.clear()
 
     def decode_up_to(self) -> int:
         """The most tokens whose decode steps, one by one, take less time than one padded

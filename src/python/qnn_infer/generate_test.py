@@ -3,11 +3,17 @@ tests/llm)."""
 
 from __future__ import annotations
 
+import os
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
+from qnn_common.cli import noise
 from qnn_common.errors import ConfigValidationError
 from qnn_common.llm import DECODE, PREFILL, GenerationConfig, LlmSpec
+from qnn_infer import generate as generate_module
 from qnn_infer.generate import PteLm, generate, pick_next
 
 LOGITS = torch.tensor([0.0, 3.0, 2.5, 1.0, -1.0])
@@ -107,3 +113,51 @@ def test_a_prompt_that_leaves_no_room_is_refused_before_running() -> None:
     with pytest.raises(ConfigValidationError, match="ask for at most 3"):
         generate(lm.prefill, lm.decode, [1] * 5, GenerationConfig(max_new_tokens=4), spec, str)
     assert lm.decoded == []
+
+
+# Native code writes to fds 1 and 2; under capfd, those are sys.stdout's and sys.stderr's.
+
+
+class _ChattyMethod:
+    """A method whose runtime, like the QNN emulator's, reports its load and release."""
+
+    def __init__(self, name: str) -> None:
+        line = f"[INFO] [Qnn ExecuTorch]: Running level=3 optimization. ({name})\n"
+        os.write(sys.stderr.fileno(), line.encode())
+
+    def __del__(self) -> None:
+        os.write(sys.stderr.fileno(), b"[INFO] [Qnn ExecuTorch]: Destroy Qnn context\n")
+
+
+class _ChattyRuntime:
+    method_names = (PREFILL, DECODE)
+
+    def load_program(self, path: str) -> _ChattyRuntime:
+        os.write(sys.stdout.fileno(), b" # LIBNATIVE: No alternate configuration present in "
+                 b"libnative_tls.conf or from LIBNATIVE_CONFIG environment variable\n")
+        os.write(sys.stderr.fileno(), b"[WARNING] [Qnn ExecuTorch]: Qnn API version 2.40.0 is "
+                 b"used. The version is tested against 2.27.0.\n")
+        return self
+
+    def load_method(self, name: str) -> _ChattyMethod:
+        return _ChattyMethod(name)
+
+
+def test_the_runtime_greetings_and_goodbyes_stay_out_of_the_stream(
+    monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 49, item 10: on the HTP the runtime's [INFO] lines for loading each method came
+    right before the streamed tokens, and its goodbyes after the report (tests/qnn runs the real
+    emulator). Without quiet mode (-v) they all show."""
+    monkeypatch.setattr(noise, "_quiet", False)
+    monkeypatch.setattr(generate_module, "host_runtime", _ChattyRuntime)
+    spec = LlmSpec(max_seq_len=32, prefill_len=4, vocab_size=10)
+    noise.quiet_third_party()
+    lm = PteLm(Path("model.pte"), spec)
+    lm.close()
+    assert capfd.readouterr() == ("", "")
+    monkeypatch.setattr(noise, "_quiet", False)  # -v
+    PteLm(Path("model.pte"), spec).close()
+    shown = capfd.readouterr()
+    assert "LIBNATIVE" in shown.out
+    assert shown.err.count("Running level=3") == 2 and "Destroy Qnn context" in shown.err

@@ -13,7 +13,12 @@ message means, so that a new version's noise is added here (with its reason) and
 - ExecuTorch's runtime (XNNPACK's cpuinfo) prints five `[cpuinfo_utils.cpp:NN]` lines to file
   descriptor 2 the first time a method loads on a host that is not an ARM phone; see
   `native_noise_filtered`. On the QNN emulator the runtime prints `[INFO] [Qnn ExecuTorch]: ...`
-  lines on every method call, which land between the tokens a generation streams.
+  lines as it loads and releases each method (and on some calls), which landed before and after
+  the tokens a generation streams; with them, on every load, a `[WARNING]` that its QNN API
+  version (2.40 in QNN 2.51) is newer than the one it was "tested against" (2.27): the SDK this
+  project accepts is checked by `qnn_common.qnn_sdk.check_compatible`, so there is nothing to do.
+  The x86 HTP emulator itself prints ` # LIBNATIVE: No alternate configuration present ...` to
+  stdout (fd 1) the first time it starts: the default it goes on with is the one we want.
 - ExecuTorch warns "PassManager is deprecated" each time its own lowering builds one, and (once
   per op) that an op a partitioner asked to keep whole, such as `aten.unbind.int`, is decomposed
   after all because it is mutable or aliases its output: nothing we can act on, no effect on the
@@ -72,6 +77,9 @@ WARNING_MESSAGES: tuple[tuple[type[Warning], str], ...] = ((FutureWarning, r".*L
 NATIVE_NOISE: tuple[re.Pattern[str], ...] = (
     re.compile(r"^\[cpuinfo_utils\.cpp:\d+\] "),
     re.compile(r"^\[INFO\] \[Qnn ExecuTorch\]: "),
+    re.compile(r"^\[WARNING\] \[Qnn ExecuTorch\]: Qnn API version [\d.]+ is used\. The version "
+               r"is tested against [\d.]+\.$"),
+    re.compile(r"^ # LIBNATIVE: No alternate configuration present in libnative_tls\.conf "),
     re.compile(r"^\[kernel_runtime_context\.h:\d+\] No temp allocator provided$"),
 )
 
@@ -190,9 +198,34 @@ def fd2_captured() -> Iterator[Captured | None]:
 
 
 @contextlib.contextmanager
-def native_noise_filtered() -> Iterator[None]:
-    """Drop the `NATIVE_NOISE` lines native code writes to fd 2 while the block runs; the rest
-    is written through afterwards, in order.
+def fd1_captured() -> Iterator[Captured | None]:
+    """`fd2_captured` for file descriptor 1 (stdout): what native code printed there inside the
+    block, once it ended (None without a real stdout). Whatever Python prints meanwhile is held
+    too, so it is for blocks that print nothing of ours (a program's load, not a stream)."""
+    try:
+        stdout_fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        yield None
+        return
+    sys.stdout.flush()
+    saved = os.dup(stdout_fd)
+    captured = Captured()
+    with tempfile.TemporaryFile() as tmp:
+        os.dup2(tmp.fileno(), stdout_fd)
+        try:
+            yield captured
+        finally:
+            sys.stdout.flush()
+            os.dup2(saved, stdout_fd)
+            os.close(saved)
+            tmp.seek(0)
+            captured.text = tmp.read().decode("utf-8", "replace")
+
+
+@contextlib.contextmanager
+def native_noise_filtered(*, stdout: bool = False) -> Iterator[None]:
+    """Drop the `NATIVE_NOISE` lines native code writes to fd 2 (and with `stdout`, to fd 1)
+    while the block runs; the rest is written through afterwards, in order.
 
     Does nothing unless `quiet_third_party` is in force (so library callers and -v see it all),
     or when there is no real stderr.
@@ -200,18 +233,26 @@ def native_noise_filtered() -> Iterator[None]:
     if not _quiet or not _filter_native:
         yield
         return
-    captured = None
+    printed = captured = None
     try:
-        with fd2_captured() as captured:
+        with contextlib.ExitStack() as stack:
+            if stdout:
+                printed = stack.enter_context(fd1_captured())
+            captured = stack.enter_context(fd2_captured())
             yield
     finally:  # what the block wrote goes through even if it raised
-        kept = [
-            line for line in (captured.text if captured else "").splitlines(keepends=True)
-            if not any(p.search(line) for p in NATIVE_NOISE)
-        ]
-        if kept:
-            sys.stderr.write("".join(kept))
-            sys.stderr.flush()
+        _write_kept(captured, sys.stderr)
+        _write_kept(printed, sys.stdout)
+
+
+def _write_kept(captured: Captured | None, stream: TextIO) -> None:
+    kept = [
+        line for line in (captured.text if captured else "").splitlines(keepends=True)
+        if not any(p.search(line) for p in NATIVE_NOISE)
+    ]
+    if kept:
+        stream.write("".join(kept))
+        stream.flush()
 
 
 class _DropPrinted(io.TextIOBase):

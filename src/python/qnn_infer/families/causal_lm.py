@@ -217,10 +217,13 @@ def run(
     rehearse_unless_own(pte, _generating(pte, spec, rope, sink))
     out = begin_artifact(inp.out_dir, inputs=[inp.source])
     lm = PteLm(pte, spec, rope, sink)
-    t = time.perf_counter()
-    accuracy = teacher_forced_accuracy(lm, inp.source, spec, have)
-    check_s = time.perf_counter() - t
-    generation = run_generation(lm, inp.source, spec, generation_cfg)
+    try:
+        t = time.perf_counter()
+        accuracy = teacher_forced_accuracy(lm, inp.source, spec, have)
+        check_s = time.perf_counter() - t
+        generation = run_generation(lm, inp.source, spec, generation_cfg)
+    finally:
+        lm.close()
     verdict = judge_accuracy(accuracy, cfg.gates_for(recipe, causal_lm=True), recipe)
     manifest = seal(
         out, inp, [], {"run_s": check_s}, extra_tools=runtime.tools,
