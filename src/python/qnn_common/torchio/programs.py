@@ -257,7 +257,13 @@ def load_program(
     except Exception as err:  # zipfile, JSON and deserialization errors alike
         raise ArtifactError(
             path,
-            f"is not an exported program ({type(err).__name__}: {err}); "
+            f"is not an exported program ({type(err).__name__}: {_one_line(err)}); "
             "produce one with torch.export.save(torch.export.export(model, inputs), path)",
         ) from None
     return program
+
+
+def _one_line(err: BaseException, limit: int = 300) -> str:
+    """torch's message, which may span lines (it quotes whole nodes), as one short line."""
+    text = " ".join(str(err).split())
+    return text if len(text) <= limit else f"{text[:limit]}..."

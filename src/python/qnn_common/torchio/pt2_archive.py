@@ -35,11 +35,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-import torch
-
 from qnn_common.errors import ArtifactError
 from qnn_common.torchio.bounded_zip import BoundedZip, open_bounded_zip
 from qnn_common.torchio.program_json import checked_program_json
+from qnn_common.torchio.tensor_file import load_tensor_stream
 
 _PRODUCE = "produce one with torch.export.save(torch.export.export(model, inputs), path)"
 _WHAT = "an exported program"
@@ -156,19 +155,9 @@ def _sample_inputs(path: Path, archive: BoundedZip) -> ExampleInputs | None:
     data = archive.read(name)
     if not data:
         return None  # torch reads b"" as no sample inputs
-    # A torch.save archive of its own: its members are bounded the same way before torch.load
-    # inflates any of them.
-    nested = f"{_WHAT}'s {name}"
-    open_bounded_zip(path, io.BytesIO(data), len(data), what=nested, remedy=_REMEDY).close()
-    try:
-        value = torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
-    except Exception as err:  # unpickling errors share no base class
-        # torch's message suggests weights_only=False, exactly what must not happen here.
-        raise ArtifactError(
-            path,
-            f"{name}: sample inputs that only an unrestricted unpickler would load "
-            f"({type(err).__name__}), which could run code; {_HOW_TO_FIX}",
-        ) from None
+    # A torch.save archive of its own, bounded and its pickle's shape checked the same way as
+    # every sample file before torch.load reads it (a shared-children key would hang that load).
+    value = load_tensor_stream(path, io.BytesIO(data), what=f"{_WHAT}'s {name}")
     if not (
         isinstance(value, tuple)
         and len(value) == 2
