@@ -90,7 +90,9 @@ class GateVerdict:
 class InferReport:
     """A run of the program: accuracy against the references, the gates' verdict, latency, and
     for a causal LM its generation and perplexities. `bare_pte`: run from a bare .pte, whose
-    recipe nothing recorded; `delegates` then names the backends its delegates are for."""
+    recipe nothing recorded; `delegates` then names the backends its delegates are for.
+    `next_token`: a causal LM's fake-quantized model and program against eager fp32 token by
+    token (`qnn_common.lm_metrics`: KL divergence, same top token, perplexity intervals)."""
 
     vs_fp32: Comparison | None = None
     vs_fake_quant: Comparison | None = None
@@ -100,6 +102,7 @@ class InferReport:
     perplexity: dict[str, Any] | None = None
     bare_pte: bool = False
     delegates: list[str] | None = None
+    next_token: dict[str, Any] | None = None
 
     @classmethod
     def of(cls, manifest: Manifest | None) -> InferReport:
@@ -109,6 +112,7 @@ class InferReport:
         gates = _dict(m.get("accuracy_gates"))
         generation = m.get("generation")
         perplexity = accuracy.get("perplexity")
+        next_token = accuracy.get("next_token")
         return cls(
             Comparison.of(accuracy.get("vs_fp32")), Comparison.of(accuracy.get("vs_fake_quant")),
             GateVerdict(gates.get("ok"), gates.get("gates"), list(gates.get("failures") or [])),
@@ -116,4 +120,5 @@ class InferReport:
             generation if isinstance(generation, dict) else None,
             perplexity if isinstance(perplexity, dict) else None,
             "pte" in manifest.inputs, m.get("delegates"),
+            next_token if isinstance(next_token, dict) else None,
         )

@@ -157,6 +157,9 @@ def _generation_summary(run: InferReport, vs_fp32: Comparison) -> dict[str, Any]
             "sqnr_db_vs_eager": vs_fp32.sqnr_db,
             # Of the held-out eval texts: eager fp32, fake quant (if quantized), the program.
             "perplexity": run.perplexity,
+            # The same texts token by token against eager fp32: KL divergence, same top token,
+            # perplexity and its ratio to fp32's with bootstrap intervals over the windows.
+            "next_token": run.next_token,
         }
     }
 
@@ -170,6 +173,41 @@ def _perplexity_line(ppl: dict[str, Any]) -> str:
         f"perplexity of the held-out text ({ppl.get('tokens')} tokens): " + ", ".join(figures)
         + (f" ({change:+.1%} vs fp32)" if isinstance(change, float | int) else "")
     )
+
+
+def _signed_percent(ratio: Any) -> str:
+    return f"{ratio - 1:+.1%}" if isinstance(ratio, float | int) else "-"
+
+
+def _next_token_line(record: dict[str, Any]) -> str | None:
+    """The program against eager fp32 as llama.cpp's --kl-divergence words it, perplexity with
+    its interval; the fake-quantized model's KL and same-top after it, where carried."""
+    program = record.get("program")
+    if not isinstance(program, dict):
+        return None
+    kl, ppl, ratio = (program.get(k) or {} for k in (
+        "kl_divergence", "perplexity", "perplexity_ratio"))
+
+    def num(value: Any, fmt: str) -> str:
+        return format(value, fmt) if isinstance(value, float | int) else str(value)
+
+    line = (
+        f"KL vs fp32 ({kl.get('tokens')} tokens): mean {num(kl.get('mean'), '.4f')}, "
+        f"p99 {num(kl.get('p99'), '.3f')}, max {num(kl.get('max'), '.3f')} nats; "
+        f"same top {num(program.get('same_top_percent'), '.1f')} % "
+        f"({program.get('flips')} flips, {program.get('near_tie_flips')} on a near tie "
+        f"< {program.get('near_tie_nats')} nats); "
+        f"perplexity {num(ppl.get('value'), '.3f')} [{num(ppl.get('low'), '.3f')}, "
+        f"{num(ppl.get('high'), '.3f')}] ({_signed_percent(ratio.get('value'))} "
+        f"[{_signed_percent(ratio.get('low'))}, {_signed_percent(ratio.get('high'))}] vs fp32; "
+        f"{num(100 * ppl.get('confidence', 0), '.0f')} % over {ppl.get('windows')} windows)"
+    )
+    fake = record.get("fake_quant")
+    if isinstance(fake, dict):
+        fake_kl = (fake.get("kl_divergence") or {}).get("mean")
+        line += (f"; fake quant: KL mean {num(fake_kl, '.4f')}, "
+                 f"same top {num(fake.get('same_top_percent'), '.1f')} %")
+    return line
 
 
 def _verdict(ok: bool | None) -> str:
@@ -223,4 +261,8 @@ def format_summary(summary: dict[str, Any]) -> str:
         ppl = gen.get("perplexity")
         if isinstance(ppl, dict):
             lines.append(_perplexity_line(ppl))
+        next_token = gen.get("next_token")
+        line = _next_token_line(next_token) if isinstance(next_token, dict) else None
+        if line:
+            lines.append(line)
     return "\n".join(lines)

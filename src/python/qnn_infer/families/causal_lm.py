@@ -3,7 +3,9 @@
 The eval texts travel with the artifact (token sequences) together with the eager HF model's
 logits on them (fp32) and the fake-quantized program's: feeding each text through the .pte gives
 logits at every position, compared with `qnn_common.metrics.logits_accuracy` (SQNR, cosine and
-argmax agreement), and the perplexity of the texts under each of the three. Then the program
+argmax agreement), and the perplexity of the texts under each of the three; the fake-quantized
+model and the program are also compared with eager fp32 next token by next token
+(`qnn_common.lm_metrics`: KL divergence, same top token, perplexity intervals). Then the program
 generates from the prompt, timed. `run` is infer for this family (`qnn_infer.families`).
 """
 
@@ -30,6 +32,7 @@ from qnn_common.llm import (
     teacher_forced_logits,
     without_sink,
 )
+from qnn_common.lm_metrics import compare_next_tokens, perplexity_interval
 from qnn_common.manifest import Manifest
 from qnn_common.metrics import logits_accuracy, perplexity
 from qnn_common.sealing import load_manifest
@@ -119,14 +122,19 @@ def teacher_forced_accuracy(
     texts = [s[0] for s in load_samples(artifact / EVAL_INPUTS)]
     logits = teacher_forced_logits(lm.prefill, lm.decode, texts, spec)
     accuracy: dict[str, Any] = {}
-    ppl = {"program": perplexity([x.numpy() for x in logits], [t.numpy() for t in texts])}
+    ids = [t.numpy() for t in texts]
+    program = [x.numpy() for x in logits]
+    ppl = {"program": perplexity(program, ids)}
+    references: dict[str, list[Any]] = {}
     for key, name, who in (
         ("vs_fp32", REFERENCE_FP32, "fp32"), ("vs_fake_quant", REFERENCE_FAKE_QUANT, "fake_quant"),
     ):
         if name in have:
-            reference = [s[0].numpy() for s in load_samples(artifact / name)]
-            accuracy[key] = logits_accuracy(reference, [x.numpy() for x in logits])
-            ppl[who] = perplexity(reference, [t.numpy() for t in texts])
+            references[who] = [s[0].numpy() for s in load_samples(artifact / name)]
+            accuracy[key] = logits_accuracy(references[who], program)
+            ppl[who] = perplexity(references[who], ids)
+    if "fp32" in references:
+        accuracy["next_token"] = next_token_record(references, program, ids)
     # Of the held-out eval texts (prepare), next token by next token: the model's own figure of
     # merit, which logits' SQNR is not (a tied LM head's error can cost little perplexity).
     accuracy["perplexity"] = {
@@ -135,6 +143,24 @@ def teacher_forced_accuracy(
         **({"vs_fp32": round(ppl["program"] / ppl["fp32"] - 1, 5)} if "fp32" in ppl else {}),
     }
     return accuracy
+
+
+def next_token_record(
+    references: dict[str, list[Any]], program: list[Any], ids: list[Any]
+) -> dict[str, Any]:
+    """The fake-quantized model (where carried) and the program against eager fp32 on the eval
+    windows, as llama.cpp's `--kl-divergence` scores a quantization: KL divergence, same top
+    token (with the float model's margin where they differ), perplexity with bootstrap intervals
+    over the windows (few windows make wide ones: the figures say how few)."""
+    fp32 = references["fp32"]
+    candidates = {"fake_quant": references.get("fake_quant"), "program": program}
+    return {
+        "reference": "fp32",
+        "windows": len(ids),
+        "fp32": {"perplexity": perplexity_interval(fp32, ids).to_json()},
+        **{who: compare_next_tokens(fp32, logits, ids).to_json()
+           for who, logits in candidates.items() if logits is not None},
+    }
 
 
 def run_generation(
