@@ -8,6 +8,7 @@ the ExecuTorch runtime; references are the eager Hugging Face models.
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from qnn_infer.families.causal_lm import load_tokenizer, prompt_ids, run_generat
 from qnn_infer.generate import PteLm, generate
 from qnn_pipeline.context import PipelineContext
 from qnn_pipeline.orchestrator import run_pipeline
+from qnn_pipeline.summary import format_summary
 from qnn_prepare.api import run_prepare
 from qnn_prepare.causal_lm.attention_sink import sink_table
 from qnn_prepare.causal_lm.export import export_methods, load_causal_lm
@@ -114,6 +116,9 @@ def test_fp32_greedy_generation_equals_eager_hf_token_for_token(
     ppl = generation["perplexity"]
     assert ppl["tokens"] > 0 and ppl["fp32"] > 1.5
     assert abs(ppl["program"] / ppl["fp32"] - 1) <= 1e-3 and abs(ppl["vs_fp32"]) <= 1e-3
+    # Token by token the fp32 program is eager's: no KL to speak of, the same top everywhere.
+    program = generation["next_token"]["program"]
+    assert program["kl_divergence"]["max"] < 1e-6 and program["same_top_percent"] == 100.0
 
 
 def test_decode_with_the_cache_equals_a_full_recompute(fp32: dict[str, Any], eager: Any) -> None:
@@ -172,6 +177,7 @@ def test_8a8w_keeps_argmax_agreement_and_shares_scales(tmp_path: Path) -> None:
     ppl = generation["perplexity"]
     assert set(ppl) == {"fp32", "fake_quant", "program", "tokens", "vs_fp32"}
     assert ppl["program"] == pytest.approx(ppl["fake_quant"], rel=0.02)
+    _check_next_token(summary)
     # Measured "inf" (summary.json spells it so): the logits leave the program quantized, as
     # everything XNNPACK takes is now quantized, and its int8 kernels round to the same levels.
     assert float(summary["accuracy"]["sqnr_db_vs_fake_quant"]) >= 30
@@ -185,6 +191,41 @@ def test_8a8w_keeps_argmax_agreement_and_shares_scales(tmp_path: Path) -> None:
             if n.op == "call_function" and "quantize_per_tensor" in str(n.target)
         ]
     assert scales["prefill"] and scales["prefill"] == scales["decode"]
+
+
+def _check_next_token(summary: dict[str, Any]) -> None:
+    """Issue 50: KL divergence, same top token and perplexity intervals against eager fp32, for
+    the fake-quantized model and the program, in the manifest, summary.json and the terminal."""
+    generation, ppl = summary["generation"], summary["generation"]["perplexity"]
+    record = generation["next_token"]
+    infer = load_manifest(_artifact(summary, Stage.INFER), expect_stage=Stage.INFER)
+    assert infer.metrics["accuracy"]["next_token"] == record
+    assert record["reference"] == "fp32" and record["windows"] == 2
+    fp32 = record["fp32"]["perplexity"]
+    assert fp32["low"] <= fp32["value"] <= fp32["high"]
+    assert fp32["value"] == pytest.approx(ppl["fp32"], rel=1e-3)
+    for who in ("fake_quant", "program"):
+        figures = record[who]
+        kl = figures["kl_divergence"]
+        values = [kl[k] for k in ("mean", "median", "p99", "max")]
+        assert all(isinstance(v, float) and math.isfinite(v) and v >= 0 for v in values), kl
+        assert kl["median"] <= kl["p99"] <= kl["max"] and kl["mean"] <= kl["max"]
+        assert 0 <= figures["same_top_percent"] <= 100
+        assert 0 <= figures["near_tie_flips"] <= figures["flips"] <= kl["tokens"]
+        for interval in (figures["perplexity"], figures["perplexity_ratio"]):
+            assert all(math.isfinite(interval[k]) for k in ("low", "value", "high")), interval
+            assert interval["low"] <= interval["value"] <= interval["high"], interval
+            assert interval["windows"] == 2 and interval["resamples"] == 1000
+        assert figures["perplexity"]["value"] == pytest.approx(ppl[who], rel=1e-3)
+    program = record["program"]
+    # The same positions as the argmax agreement: the same figure, in percent.
+    assert program["same_top_percent"] == pytest.approx(
+        100 * generation["argmax_agreement_vs_eager"], abs=1e-3)
+    assert program["perplexity_ratio"]["value"] == pytest.approx(1 + ppl["vs_fp32"], abs=1e-4)
+    table = format_summary(summary)
+    (line,) = (x for x in table.splitlines() if x.startswith("KL vs fp32"))
+    print(line)
+    assert "same top" in line and "fake quant: KL mean" in line
 
 
 def test_a_prompt_longer_than_the_context_fails_before_any_work(tmp_path: Path) -> None:
