@@ -32,6 +32,7 @@ from qnn_common.torchio.programs import load_program
 from qnn_compile.cli import main as compile_main
 from qnn_infer.cli import main as infer_main
 from qnn_pipeline.cli import main as pipeline_main
+from qnn_pipeline.summary import SUMMARY_FORMAT
 from qnn_prepare.cli import main as prepare_main
 from qnn_quant.cli import main as quant_main
 from support.crafted_pt2 import VARIANTS, craft, save_plain_program
@@ -380,7 +381,8 @@ def test_a_failed_run_leaves_nothing_behind(
     out = tmp_path / "out"
     out.mkdir()
     # A previous run's summary (one of ours: a user's own file of that name is refused instead).
-    previous = {"model": "m", "backend": "xnnpack", "recipe": "8a8w", "stages": [], "accuracy": {}}
+    previous = {"format": SUMMARY_FORMAT, "model": "m", "backend": "xnnpack", "recipe": "8a8w",
+                "stages": [], "accuracy": {}}
     (out / "summary.json").write_text(json.dumps(previous))
     assert pipeline_main(["--model", "broken_model:make", "--out", str(out)]) != 0
     assert sorted(p.name for p in out.iterdir()) == []

@@ -157,7 +157,10 @@ def _sample_inputs(path: Path, archive: BoundedZip) -> ExampleInputs | None:
         return None  # torch reads b"" as no sample inputs
     # A torch.save archive of its own, bounded and its pickle's shape checked the same way as
     # every sample file before torch.load reads it (a shared-children key would hang that load).
-    value = load_tensor_stream(path, io.BytesIO(data), what=f"{_WHAT}'s {name}")
+    try:
+        value = load_tensor_stream(path, io.BytesIO(data), what=f"{_WHAT}'s sample inputs")
+    except ArtifactError as err:
+        raise ArtifactError(path, f"{name}: {err.reason}") from None
     if not (
         isinstance(value, tuple)
         and len(value) == 2
