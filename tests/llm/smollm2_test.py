@@ -126,7 +126,10 @@ def test_kv_io_export_opens_on_the_attention_sink(
     (reference,) = (s[0] for s in load_samples(prepared / REFERENCE_FP32))
     with torch.no_grad():
         after = model(input_ids=torch.tensor([[IM_START, *eval_text.tolist()]])).logits[0, 1:]
-    torch.testing.assert_close(reference, after)
+    # Not bit-equal: the reference attends to the sink's cached keys and values, eager recomputes
+    # them, and float32 rounding of the two orders depends on the host's kernels (AVX2 vs
+    # AVX-512): 1.4e-5 on logits of magnitude ~20 on an AVX2 host.
+    torch.testing.assert_close(reference, after, atol=1e-4, rtol=1e-5)
     tokenizer = load_tokenizer(prepared)
     ids = prompt_ids(tokenizer, GenerationConfig(prompt=QUESTION, chat=True), spec)
     assert ids[0] != IM_START and ids.count(IM_START) == 2  # the first is the sink's
