@@ -31,7 +31,8 @@ from typing import Any
 import torch
 
 from qnn_common.llm import method_steps, teacher_forced_logits
-from qnn_common.metrics import logits_accuracy, perplexity
+from qnn_common.lm_metrics import perplexity
+from qnn_common.metrics import logits_accuracy
 from qnn_common.sealing import load_manifest
 from qnn_common.stages import (
     EVAL_INPUTS,

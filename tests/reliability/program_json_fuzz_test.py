@@ -9,9 +9,7 @@ line. `QNN_FUZZ_SEED` picks other variants.
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
@@ -20,8 +18,8 @@ import pytest
 import torch
 
 from support.crafted_pt2 import save_plain_program
-from support.pipeline_runs import child_env
 from support.program_json_fuzz import variants
+from support.resumable_children import run_cases
 
 PER_CLASS = 25
 SEED = int(os.environ.get("QNN_FUZZ_SEED", "49"))
@@ -44,26 +42,6 @@ def _dynamic_program(path: Path) -> None:
     torch.export.save(program, path)
 
 
-def _load_all(paths: list[Path]) -> tuple[dict[int, dict[str, str]], str]:
-    """index -> {"outcome", "message"}; a child that dies is recorded as a crash on the variant
-    after its last report, and the next child goes on from there."""
-    results: dict[int, dict[str, str]] = {}
-    stderr = ""
-    while len(results) < len(paths):
-        first = len(results)
-        done = subprocess.run(
-            [sys.executable, "-m", "support.program_json_fuzz", str(first), *map(str, paths)],
-            env=child_env(), text=True, capture_output=True, timeout=BOUND_S, check=False,
-        )
-        stderr += done.stderr
-        for line in done.stdout.splitlines():
-            record = json.loads(line)
-            results[record["index"]] = record
-        if done.returncode != 0:
-            results[len(results)] = {"outcome": "crash", "message": f"exit {done.returncode}"}
-    return results, stderr
-
-
 @pytest.mark.parametrize("kind", ["plain", "dynamic"])
 def test_program_json_mutations_run_no_code_and_are_clean(tmp_path: Path, kind: str) -> None:
     original = tmp_path / f"{kind}.pt2"
@@ -73,7 +51,11 @@ def test_program_json_mutations_run_no_code_and_are_clean(tmp_path: Path, kind: 
         _dynamic_program(original)
     marker = tmp_path / "marker"
     paths = variants(original, tmp_path, marker, SEED, PER_CLASS)
-    results, stderr = _load_all(paths)
+    results, stderr = run_cases(
+        lambda first: [sys.executable, "-m", "support.program_json_fuzz", str(first),
+                       *map(str, paths)],
+        len(paths), timeout=BOUND_S,
+    )
     counts = Counter(record["outcome"] for record in results.values())
     print(f"program JSON fuzz ({kind}), seed {SEED}: {dict(counts)}")
     assert not marker.exists(), "a mutated program JSON ran code"

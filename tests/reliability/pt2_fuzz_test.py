@@ -10,17 +10,15 @@ picks other variants.
 
 from __future__ import annotations
 
-import json
 import os
 import random
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from support.crafted_pt2 import save_plain_program
-from support.pipeline_runs import child_env
+from support.resumable_children import run_cases
 
 FLIPS = 300
 TRUNCATIONS = 60
@@ -74,33 +72,17 @@ def _variants(original: Path, directory: Path) -> list[Path]:
     return paths
 
 
-def _load_all(original: Path, paths: list[Path]) -> tuple[dict[int, dict[str, str]], str]:
-    """index -> {"outcome", "message"} for every variant, and all the children's stderr."""
-    results: dict[int, dict[str, str]] = {}
-    stderr = ""
-    while len(results) < len(paths):
-        first = len(results)
-        done = subprocess.run(
-            [sys.executable, "-c", _LOADER, str(original), str(first), *map(str, paths)],
-            env=child_env(), text=True, capture_output=True, timeout=900, check=False,
-        )
-        stderr += done.stderr
-        for line in done.stdout.splitlines():
-            record = json.loads(line)
-            results[record["index"]] = record
-        if done.returncode != 0:  # died on the variant after the last one it reported
-            crashed = len(results)
-            results[crashed] = {"outcome": "crash", "message": f"exit {done.returncode}"}
-    return results, stderr
-
-
 def test_flipped_and_truncated_pt2_files_are_clean_errors_or_the_same_program(
     tmp_path: Path,
 ) -> None:
     original = tmp_path / "plain.pt2"
     save_plain_program(original)
     paths = _variants(original, tmp_path)
-    results, stderr = _load_all(original, paths)
+    results, stderr = run_cases(
+        lambda first: [sys.executable, "-c", _LOADER, str(original), str(first),
+                       *map(str, paths)],
+        len(paths), timeout=900,
+    )
     counts: dict[str, int] = {}
     for record in results.values():
         counts[record["outcome"]] = counts.get(record["outcome"], 0) + 1

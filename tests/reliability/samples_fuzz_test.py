@@ -14,11 +14,9 @@ line: 0 payloads run, 0 other exceptions, 0 tracebacks, 0 cases past `CASE_SECON
 from __future__ import annotations
 
 import io
-import json
 import os
 import random
 import struct
-import subprocess
 import sys
 import zipfile
 from collections.abc import Callable
@@ -29,7 +27,7 @@ import torch
 from qnn_common.torchio.samples import ModelInputs, save_samples
 from support.crafted_pt2 import Payload
 from support.crafted_samples import deep_lists, self_containing_list, torch_bytes, with_pickle
-from support.pipeline_runs import child_env
+from support.resumable_children import run_cases
 
 CASES_PER_KIND = 8
 CASE_SECONDS = 20
@@ -176,29 +174,14 @@ def _cases(rng: random.Random, marker: Path, directory: Path) -> list[Path]:
     return paths
 
 
-def _load_all(paths: list[Path]) -> tuple[dict[int, dict[str, str]], str]:
-    """index -> {"outcome", "message"} for every case, and all the children's stderr."""
-    results: dict[int, dict[str, str]] = {}
-    stderr = ""
-    while len(results) < len(paths):
-        first = len(results)
-        done = subprocess.run(
-            [sys.executable, "-c", _LOADER, str(CASE_SECONDS), str(first), *map(str, paths)],
-            env=child_env(), text=True, capture_output=True, timeout=900, check=False,
-        )
-        stderr += done.stderr
-        for line in done.stdout.splitlines():
-            record = json.loads(line)
-            results[record["index"]] = record
-        if done.returncode != 0:  # died on the case after the last one it reported
-            results[len(results)] = {"outcome": "crash", "message": f"exit {done.returncode}"}
-    return results, stderr
-
-
 def test_mutated_sample_files_load_or_are_one_error_line(tmp_path: Path) -> None:
     marker = tmp_path / "payload-ran"
     paths = _cases(random.Random(SEED), marker, tmp_path)
-    results, stderr = _load_all(paths)
+    results, stderr = run_cases(
+        lambda first: [sys.executable, "-c", _LOADER, str(CASE_SECONDS), str(first),
+                       *map(str, paths)],
+        len(paths), timeout=900,
+    )
     counts: dict[str, int] = {}
     for record in results.values():
         counts[record["outcome"]] = counts.get(record["outcome"], 0) + 1

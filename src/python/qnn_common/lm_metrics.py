@@ -3,7 +3,7 @@ only, float64): the figures llama.cpp's ``llama-perplexity --kl-divergence`` rep
 quantizations, and perplexity with an interval that says how far it can move.
 
 Every function takes the reference first. Logits come one array per evaluation window,
-[positions, vocab], position i scoring token i + 1 of the same window (as `metrics.perplexity`).
+[positions, vocab], position i scoring token i + 1 of the same window (as `perplexity`).
 
 * `kl_divergence`: per-token KL(reference || candidate) of the softmaxes, summarized as mean,
   median, p99 and max (`KlStats`).
@@ -194,6 +194,13 @@ def window_nll(
     return np.asarray(sums), np.asarray(counts)
 
 
+def perplexity(logits: Sequence[npt.ArrayLike], tokens: Sequence[npt.ArrayLike]) -> float:
+    """exp of the mean negative log-likelihood of each next token: position i's logits
+    ([positions, vocab] per text) score token i + 1 of the same text, over every text."""
+    nll, count = window_nll(logits, tokens)
+    return math.exp(nll.sum() / count.sum())
+
+
 def _resampled(windows: int, resamples: int, seed: int) -> npt.NDArray[np.int64]:
     """[resamples, windows] window indices drawn with replacement."""
     if resamples < 1:
@@ -214,7 +221,7 @@ def perplexity_interval(
     resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED,
     confidence: float = CONFIDENCE,
 ) -> Interval:
-    """Perplexity (`metrics.perplexity`'s) and its bootstrap interval over windows."""
+    """Perplexity (`perplexity`'s) and its bootstrap interval over windows."""
     nll, count = window_nll(logits, tokens)
     idx = _resampled(nll.size, resamples, seed)
     samples = np.exp(nll[idx].sum(axis=1) / count[idx].sum(axis=1))

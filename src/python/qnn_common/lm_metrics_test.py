@@ -9,12 +9,12 @@ from qnn_common.lm_metrics import (
     compare_next_tokens,
     kl_divergence,
     log_softmax,
+    perplexity,
     perplexity_interval,
     perplexity_ratio_interval,
     token_kl,
     top_token_agreement,
 )
-from qnn_common.metrics import perplexity
 
 LN3 = math.log(3.0)
 

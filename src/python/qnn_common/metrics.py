@@ -204,25 +204,3 @@ def logits_accuracy(
         same += int(np.sum(r.argmax(-1) == y.argmax(-1)))
         total += int(np.prod(r.shape[:-1]))
     return accuracy_record([stats], argmax_agreement=same / total if total else 0.0)
-
-
-def perplexity(logits: Sequence[ArrayLike], tokens: Sequence[ArrayLike]) -> float:
-    """exp of the mean negative log-likelihood of each next token: position i's logits
-    ([positions, vocab] per text) score token i + 1 of the same text, over every text."""
-    if len(logits) != len(tokens):
-        raise ValueError(f"{len(logits)} logits arrays for {len(tokens)} token sequences")
-    nll, count = 0.0, 0
-    for scores, ids in zip(logits, tokens, strict=True):
-        x = np.asarray(scores, dtype=np.float64)[:-1]
-        target = np.asarray(ids, dtype=np.int64).ravel()[1:]
-        if x.shape[0] != target.shape[0]:
-            raise ValueError(f"logits for {x.shape[0] + 1} positions, {target.shape[0] + 1} tokens")
-        if not target.size:
-            continue
-        top = x.max(axis=-1, keepdims=True)
-        log_z = (top + np.log(np.exp(x - top).sum(axis=-1, keepdims=True)))[:, 0]
-        nll -= float((x[np.arange(target.size), target] - log_z).sum())
-        count += int(target.size)
-    if not count:
-        raise ValueError("perplexity needs texts of at least 2 tokens")
-    return math.exp(nll / count)

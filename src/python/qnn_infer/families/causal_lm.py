@@ -32,9 +32,9 @@ from qnn_common.llm import (
     teacher_forced_logits,
     without_sink,
 )
-from qnn_common.lm_metrics import compare_next_tokens, perplexity_interval
+from qnn_common.lm_metrics import compare_next_tokens, perplexity, perplexity_interval
 from qnn_common.manifest import Manifest
-from qnn_common.metrics import logits_accuracy, perplexity
+from qnn_common.metrics import logits_accuracy
 from qnn_common.sealing import load_manifest
 from qnn_common.stages import (
     EVAL_INPUTS,
