@@ -98,3 +98,36 @@ def check_gate(name: str, value: float | None) -> None:
             name, value,
             "a perplexity ratio gate is at least 1 (1.1: at most 10 % above the fake-quant model)",
         )
+
+
+@dataclass(frozen=True)
+class EvalGates:
+    """What a quantized causal LM's evaluation must show against the float model (the
+    program's figures, `qnn_infer.evaluation`); None = not checked.
+
+    Each gate judges a figure with its uncertainty where it has one: perplexity by the low end
+    of its paired bootstrap interval (so noise alone cannot fail a run), the prompt suite by the
+    answers lost minus the answers gained on the same prompts.
+    """
+
+    # Mean per-token KL(fp32 || program) over the corpus windows the program read, in nats.
+    max_kl_mean: float | None = 0.25
+    # How often the program's most likely next token is the float model's.
+    min_same_top_percent: float | None = 80.0
+    # Program perplexity over fp32's, minus 1: failed when even the interval's low end is above.
+    max_perplexity_increase: float | None = 0.25
+    # Prompt suite: known answers the float model gave and the program lost, minus those it
+    # gained, per hundred prompts with a known answer.
+    max_answer_drop_points: float | None = 10.0
+
+
+# Recipes a failing one can move to: more weight bits (or finer groups) on the same backend.
+NEXT_RECIPE: dict[Recipe, tuple[Recipe, ...]] = {
+    Recipe.A8DW4: (Recipe.A8W8,),
+    Recipe.A8W4: (Recipe.A8W8,),
+    Recipe.A16W2: (Recipe.A16W4_BLOCK, Recipe.A16W8),
+    Recipe.A16W4: (Recipe.A16W4_BLOCK, Recipe.A16W8),
+    Recipe.A16W4_BLOCK: (Recipe.A16W8,),
+    Recipe.A8W8: (Recipe.A16W8,),
+    Recipe.A16W8: (Recipe.A16W16,),
+}

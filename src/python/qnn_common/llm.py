@@ -16,6 +16,7 @@ those positions overwrites it), else it goes through decode one token at a time.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -76,6 +77,18 @@ def teacher_forced_logits(
 ) -> list[torch.Tensor]:
     """Logits [len, vocab] at every position of each sequence, each fed from position 0."""
     return [feed(prefill, decode, seq.tolist(), 0, spec) for seq in sequences]
+
+
+@dataclass(frozen=True)
+class StepLm:
+    """A causal LM by its prefill and decode steps and the spec they were exported with, whatever
+    runs them (the float model's exported methods, the fake-quantized ones, a .pte): what the
+    evaluation scores (`qnn_infer.evaluation`). `name` is how reports call it."""
+
+    name: str
+    prefill: StepFn
+    decode: StepFn
+    spec: LlmSpec
 
 
 # Run a method: (method name, inputs) -> outputs (logits, then new key / value per layer).

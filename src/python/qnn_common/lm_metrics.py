@@ -223,6 +223,12 @@ def perplexity_interval(
 ) -> Interval:
     """Perplexity (`perplexity`'s) and its bootstrap interval over windows."""
     nll, count = window_nll(logits, tokens)
+    return _perplexity_interval(nll, count, resamples, seed, confidence)
+
+
+def _perplexity_interval(
+    nll: Floats, count: Floats, resamples: int, seed: int, confidence: float
+) -> Interval:
     idx = _resampled(nll.size, resamples, seed)
     samples = np.exp(nll[idx].sum(axis=1) / count[idx].sum(axis=1))
     low, high = _bounds(samples, confidence)
@@ -241,6 +247,13 @@ def perplexity_ratio_interval(
     cand_nll, cand_count = window_nll(candidate, tokens)
     if not np.array_equal(count, cand_count):
         raise ValueError("the candidate's windows do not score the reference's tokens")
+    return _ratio_interval(ref_nll, cand_nll, count, resamples, seed, confidence)
+
+
+def _ratio_interval(
+    ref_nll: Floats, cand_nll: Floats, count: Floats, resamples: int, seed: int,
+    confidence: float,
+) -> Interval:
     idx = _resampled(count.size, resamples, seed)
     samples = np.exp((cand_nll[idx].sum(axis=1) - ref_nll[idx].sum(axis=1))
                      / count[idx].sum(axis=1))
@@ -266,16 +279,74 @@ class NextTokenComparison:
         }
 
 
+@dataclass(frozen=True)
+class WindowScore:
+    """What one window contributes to a `NextTokenComparison`, with its logits dropped: the
+    per-position KL divergence, the same-top count and flip margins, and both models' summed
+    next-token NLL. A long corpus is scored a window at a time (`score_window`), so that its
+    logits ([positions, vocab] per model) never have to be held together."""
+
+    kl: Floats
+    same_top: int
+    flip_margins: tuple[float, ...]
+    reference_nll: float
+    candidate_nll: float
+    scored: int  # next tokens scored: positions - 1
+
+
+def score_window(
+    reference: npt.ArrayLike, candidate: npt.ArrayLike, ids: npt.ArrayLike
+) -> WindowScore:
+    """One window's `WindowScore` (logits [positions, vocab], ids [positions])."""
+    top = top_token_agreement([reference], [candidate])
+    kl = token_kl(reference, candidate).ravel()
+    if np.asarray(ids).size < 2:  # nothing to predict in a one-token window
+        return WindowScore(kl, top.same_top, top.flip_margins, 0.0, 0.0, 0)
+    ref_nll, count = window_nll([reference], [ids])
+    cand_nll, _ = window_nll([candidate], [ids])
+    return WindowScore(kl, top.same_top, top.flip_margins, float(ref_nll.sum()),
+                       float(cand_nll.sum()), int(count.sum()))
+
+
+def summarize_windows(
+    scores: Sequence[WindowScore], resamples: int = BOOTSTRAP_RESAMPLES,
+    seed: int = BOOTSTRAP_SEED, confidence: float = CONFIDENCE,
+) -> NextTokenComparison:
+    """The figures of `compare_next_tokens` from windows scored one by one."""
+    if not scores:
+        raise ValueError("no windows to summarize")
+    per_token = np.concatenate([s.kl for s in scores])
+    kl = KlStats(
+        mean=float(np.mean(per_token)), median=float(np.median(per_token)),
+        p99=float(np.percentile(per_token, 99)), max=float(np.max(per_token)),
+        tokens=int(per_token.size),
+    )
+    top = TopTokenAgreement(int(per_token.size), sum(s.same_top for s in scores),
+                            tuple(m for s in scores for m in s.flip_margins))
+    ref = np.asarray([s.reference_nll for s in scores])
+    cand = np.asarray([s.candidate_nll for s in scores])
+    count = np.asarray([float(s.scored) for s in scores])
+    if not count.sum():
+        raise ValueError("perplexity needs texts of at least 2 tokens")
+    ref, cand, count = ref[count > 0], cand[count > 0], count[count > 0]
+    return NextTokenComparison(
+        kl, top, _perplexity_interval(cand, count, resamples, seed, confidence),
+        _ratio_interval(ref, cand, count, resamples, seed, confidence),
+    )
+
+
 def compare_next_tokens(
     reference: Sequence[npt.ArrayLike], candidate: Sequence[npt.ArrayLike],
     tokens: Sequence[npt.ArrayLike], resamples: int = BOOTSTRAP_RESAMPLES,
     seed: int = BOOTSTRAP_SEED,
 ) -> NextTokenComparison:
     """Every figure of this module for one candidate against one reference."""
-    return NextTokenComparison(
-        kl_divergence(reference, candidate), top_token_agreement(reference, candidate),
-        perplexity_interval(candidate, tokens, resamples, seed),
-        perplexity_ratio_interval(reference, candidate, tokens, resamples, seed),
+    if len(tokens) != len(reference):
+        raise ValueError(f"{len(reference)} logits arrays for {len(tokens)} token sequences")
+    return summarize_windows(
+        [score_window(r, c, t) for (r, c), t in zip(_windows(reference, candidate), tokens,
+                                                    strict=True)],
+        resamples, seed,
     )
 
 

@@ -6,7 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from qnn_common.cli.support import (
     EXIT_CODES_HELP,
@@ -18,6 +18,8 @@ from qnn_common.cli.support import (
     setup_logging,
 )
 from qnn_common.config import DEFAULT_LPBQ_BLOCK, Stage
+from qnn_common.errors import ConfigValidationError
+from qnn_common.gates import EvalGates
 from qnn_common.manifest import MANIFEST_NAME
 from qnn_common.recipes import Backend, EmbeddingWeights, GroupMapping, Recipe
 from qnn_common.sealing import load_manifest
@@ -40,6 +42,9 @@ from qnn_infer.cli import (
 from qnn_infer.deadline import set_run_timeout
 from qnn_pipeline.context import PipelineContext, load_pipeline_toml, pipeline_from_mapping
 from qnn_pipeline.summary import format_summary
+
+if TYPE_CHECKING:
+    from qnn_pipeline.evaluation import EvalRequest
 
 EPILOG = """examples:
   qnn-pipeline --model minilm                      # XNNPACK 8a8w, the default
@@ -118,6 +123,17 @@ def build_parser() -> argparse.ArgumentParser:
                    "of the host holding the tokenizer's BOS in the cache's first slot, "
                    "computed in float; qnn-prepare --help says more")
     add_inputs_arg(p)
+    p.add_argument("--eval", dest="eval_suite", choices=("quick", "full"),
+                   help="causal LMs with --prompt: after infer, score the float model, the "
+                   "fake-quantized model and the program on the same tokens (KL divergence, "
+                   "same top token, perplexity with its interval over a held-out corpus; a "
+                   "prompt suite; multiple-choice tasks) into OUT/eval.md and eval.json, and "
+                   "judge the evaluation gates; quick reads 2,048 corpus tokens, 10 prompts and "
+                   "40 items, full all of them (docs/eval.md)")
+    p.add_argument("--eval-file", type=Path,
+                   help="with --eval: your own data instead of the shipped one's matching part: "
+                   "a text file (the corpus) or JSONL rows of {\"prompt\", \"answers\"}, "
+                   "{\"context\", \"choices\", \"answer\"} or {\"text\"}")
     add_htp_performance_mode_arg(p, default=None)
     add_weight_sharing_arg(p)
     add_num_shards_arg(p)
@@ -202,12 +218,39 @@ def _main(argv: Sequence[str] | None) -> int:
     check_output_writable(ctx.out_dir, "--out" if args.out is not None else "pipeline.out")
     from qnn_pipeline.orchestrator import run_pipeline  # imports torch
 
-    result = run_pipeline(ctx, from_artifact=args.from_artifact)
+    result = run_pipeline(ctx, from_artifact=args.from_artifact,
+                          evaluation=_eval_request(args, ctx))
     print(format_summary(result.summary))
     print(f"summary: {result.summary_path}")
     if result.gate_failure is not None:
         raise result.gate_failure  # exit 2, the numbers and how to relax the gate (run_cli)
+    if result.eval_failure is not None:
+        raise result.eval_failure
     return 0
+
+
+def _eval_request(args: argparse.Namespace, ctx: PipelineContext) -> EvalRequest | None:
+    """--eval's request, checked before any stage runs."""
+    if args.eval_suite is None:
+        if args.eval_file is not None:
+            raise ConfigValidationError("--eval-file", str(args.eval_file),
+                                        "is read by the evaluation: add --eval quick or full")
+        return None
+    if not ctx.prepare.kv_cache:
+        raise ConfigValidationError(
+            "--eval", args.eval_suite,
+            "evaluates a causal LM exported with its KV cache: add --prompt")
+    if ctx.stop_after is not None or Stage.INFER in ctx.skip:
+        raise ConfigValidationError("--eval", args.eval_suite,
+                                    "runs after infer: drop --stop-after / --skip infer")
+    from qnn_infer.evaluation.data import shipped, with_eval_file
+    from qnn_infer.evaluation.harness import suite_named
+    from qnn_pipeline.evaluation import EvalRequest
+
+    if args.eval_file is not None:
+        with_eval_file(shipped(), args.eval_file)  # a bad file fails now, not after compile
+    return EvalRequest(suite_named(args.eval_suite), args.eval_file,
+                       EvalGates() if ctx.infer.accuracy_gates else None)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -84,3 +84,30 @@ def test_help_exits_zero() -> None:
     with pytest.raises(SystemExit) as exc:
         main(["--help"])
     assert exc.value.code == 0
+
+
+def test_eval_is_checked_before_any_stage(tmp_path: Path) -> None:
+    from qnn_common.errors import ArtifactError
+    from qnn_pipeline.cli import _eval_request
+    from qnn_pipeline.evaluation import EvalRequest
+
+    def request(*argv: str) -> EvalRequest | None:
+        args = build_parser().parse_args(list(argv))
+        return _eval_request(args, context_from_args(args))
+
+    llm = ("--model", "tiny-llama", "--prompt", "Hi")
+    quick = request(*llm, "--eval", "quick")
+    assert quick is not None and quick.suite.name == "quick" and quick.gates is not None
+    judged_not = request(*llm, "--eval", "full", "--no-accuracy-gates")
+    assert judged_not is not None and judged_not.gates is None
+    assert request(*llm) is None
+    with pytest.raises(ConfigValidationError, match="add --eval quick or full"):
+        request(*llm, "--eval-file", str(tmp_path / "x.txt"))
+    with pytest.raises(ConfigValidationError, match="add --prompt"):
+        request("--model", "tiny-llama", "--eval", "quick")
+    with pytest.raises(ConfigValidationError, match="drop --stop-after"):
+        request(*llm, "--eval", "quick", "--stop-after", "compile")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": 3}\n', encoding="utf-8")
+    with pytest.raises(ArtifactError, match="line 1: 'prompt' must be a non-empty string"):
+        request(*llm, "--eval", "quick", "--eval-file", str(bad))

@@ -37,9 +37,11 @@ from qnn_common.store.artifact_lock import acquire_artifact_lock, release_artifa
 from qnn_compile.api import compile_cache_key, run_compile
 from qnn_infer.api import infer_cache_key, run_infer
 from qnn_infer.device import check_device_ready
+from qnn_infer.evaluation.report import EvalGateError
 from qnn_infer.gate_check import AccuracyGateError, gate_failure
 from qnn_infer.program_check import check_program_matches
 from qnn_pipeline.context import PipelineContext
+from qnn_pipeline.evaluation import EvalRequest, run_evaluation
 from qnn_pipeline.summary import (
     SUMMARY_NAME,
     StageRecord,
@@ -63,12 +65,16 @@ class PipelineResult:
     summary: dict[str, Any]
     summary_path: Path
     gate_failure: AccuracyGateError | None = None
+    # --eval: the program missed the evaluation's gates (OUT/eval.md holds the figures).
+    eval_failure: EvalGateError | None = None
 
     def checked(self) -> PipelineResult:
         """This result, or its gate failure raised: for callers that treat a run below its
         gates as an error."""
         if self.gate_failure is not None:
             raise self.gate_failure
+        if self.eval_failure is not None:
+            raise self.eval_failure
         return self
 
 
@@ -213,12 +219,17 @@ def _cached(out_dir: Path, stage: Stage, key: str) -> Manifest | None:
 
 
 @cleans_up_artifacts  # unsealed staging directories and locks of a failed run
-def run_pipeline(ctx: PipelineContext, *, from_artifact: Path | None = None) -> PipelineResult:
+def run_pipeline(
+    ctx: PipelineContext, *, from_artifact: Path | None = None,
+    evaluation: EvalRequest | None = None,
+) -> PipelineResult:
     """Run the stages `ctx` asks for and write `ctx.out_dir/summary.json`.
 
     Each stage gets the previous one's `Artifact`: the programs a stage saved go to the next
     stage in memory, not through a reload (the files are written and verified all the same).
-    A run that misses its accuracy gates returns normally, its `gate_failure` set.
+    A run that misses its accuracy gates returns normally, its `gate_failure` set; with
+    `evaluation`, the run's models are then evaluated (`qnn_pipeline.evaluation`), and a miss
+    of those gates sets `eval_failure`.
     """
     first = start_of(from_artifact) if from_artifact is not None else Stage.PREPARE
     if ctx.backend is Backend.QNN:
@@ -290,12 +301,18 @@ def run_pipeline(ctx: PipelineContext, *, from_artifact: Path | None = None) -> 
             records.append(StageRecord(stage, "ran", round(seconds, 3), out_dir))
         if source.manifest is not None:
             manifests[stage] = source.manifest
-    summary, summary_path = write_summary(ctx, records, manifests)
+    extra: dict[str, Any] = {}
+    eval_failure = None
+    if evaluation is not None:
+        extra["evaluation"], eval_failure = run_evaluation(
+            evaluation, records, backend=ctx.backend, recipe=ctx.recipe, out_dir=ctx.out_dir
+        )
+    summary, summary_path = write_summary(ctx, records, manifests, extra)
     infer = manifests.get(Stage.INFER)
     # Fresh or cached: a cached run that failed its gates (same program, inputs and gates) fails
     # again. The summary holds the numbers and accuracy.ok false either way.
     failure = None if infer is None or source is None else gate_failure(source.path, infer)
-    return PipelineResult(tuple(records), summary, summary_path, failure)
+    return PipelineResult(tuple(records), summary, summary_path, failure, eval_failure)
 
 
 def _resumed(path: Path) -> Artifact:

@@ -82,9 +82,11 @@ def remove_previous_summary(path: Path) -> None:
 
 
 def write_summary(
-    ctx: PipelineContext, records: list[StageRecord], manifests: dict[Stage, Manifest]
+    ctx: PipelineContext, records: list[StageRecord], manifests: dict[Stage, Manifest],
+    extra: dict[str, Any] | None = None,
 ) -> tuple[dict[str, Any], Path]:
-    summary = build_summary(ctx, records, manifests)
+    """summary.json, with `extra` entries (the evaluation's) after the stages' own."""
+    summary = {**build_summary(ctx, records, manifests), **(extra or {})}
     ctx.out_dir.mkdir(parents=True, exist_ok=True)
     summary_path = ctx.out_dir / SUMMARY_NAME
     atomic_write_text(summary_path, json.dumps(summary, indent=2) + "\n")
@@ -265,4 +267,29 @@ def format_summary(summary: dict[str, Any]) -> str:
         line = _next_token_line(next_token) if isinstance(next_token, dict) else None
         if line:
             lines.append(line)
+    evaluation = summary.get("evaluation")
+    if isinstance(evaluation, dict):
+        lines.append(evaluation_line(evaluation))
     return "\n".join(lines)
+
+
+def evaluation_line(entry: dict[str, Any]) -> str:
+    """One terminal line of the program's evaluation (`qnn_pipeline.evaluation`)."""
+    ratio = entry.get("perplexity_ratio") or {}
+    gates = entry.get("gates")
+    verdict = "not judged" if gates is None else ("ok" if gates["ok"] else "FAILED")
+    kl = entry.get("kl_mean")
+    top = entry.get("same_top_percent")
+    return (
+        f"eval ({entry['suite']}): KL {'-' if kl is None else f'{kl:.4f}'} nats, same top "
+        f"{'-' if top is None else f'{top:.1f}'} % over {entry.get('corpus_tokens')} tokens; "
+        f"perplexity {_pct(ratio.get('value'))} [{_pct(ratio.get('low'))}, "
+        f"{_pct(ratio.get('high'))}] vs fp32; answers {entry.get('answers_found')}/"
+        f"{entry.get('answers_known')} (fp32 {entry.get('fp32_answer_percent')} %); tasks acc "
+        f"{entry.get('task_acc')} % (fp32 {entry.get('fp32_task_acc')} %); gates: {verdict}; "
+        f"{entry['report']}"
+    )
+
+
+def _pct(ratio: Any) -> str:
+    return "-" if not isinstance(ratio, int | float) else f"{100 * (ratio - 1):+.1f} %"

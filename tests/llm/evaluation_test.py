@@ -1,0 +1,124 @@
+"""--eval for real: tiny-llama's float methods, the .pte in the ExecuTorch runtime and the shipped
+(or the user's) data through the evaluation harness (qnn_infer.evaluation), nothing mocked; a
+damaged program fails the gates with a message naming the figures."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from qnn_common.config import Stage
+from qnn_common.gates import EvalGates
+from qnn_common.llm import StepLm
+from qnn_common.recipes import Recipe
+from qnn_infer.evaluation.data import shipped, with_eval_file
+from qnn_infer.evaluation.harness import Suite, evaluate
+from qnn_infer.evaluation.program import artifact_text, program_lm
+from qnn_infer.evaluation.report import gate_failures
+from qnn_pipeline.context import PipelineContext
+from qnn_pipeline.evaluation import EVAL_JSON, EVAL_MD, EvalRequest
+from qnn_pipeline.orchestrator import run_pipeline
+from qnn_quant.lm_steps import artifact_lm
+
+SUITE = Suite("test", corpus_tokens=192, prompts=4, tasks=6, new_tokens=6)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    out = tmp_path_factory.mktemp("eval")
+    ctx = PipelineContext.create(
+        "tiny-llama", recipe="fp32", out_dir=out,
+        prepare={"kv_cache": True, "calibration_samples": 4, "eval_samples": 2,
+                 "max_seq_len": 48, "prefill_len": 8, "seed": 1126},
+        infer={"generation": {"prompt": "Once upon a time", "max_new_tokens": 4}},
+    )
+    result = run_pipeline(ctx, evaluation=EvalRequest(SUITE)).checked()
+    return {"out": out, "summary": result.summary}
+
+
+def _artifact(summary: dict[str, Any], stage: Stage) -> Path:
+    (entry,) = (s for s in summary["stages"] if s["name"] == stage.value)
+    return Path(entry["artifact"])
+
+
+def test_an_fp32_program_evaluates_as_its_float_model(run: dict[str, Any]) -> None:
+    evaluation = json.loads((run["out"] / EVAL_JSON).read_text())
+    assert evaluation["models"] == ["fp32", "program"]  # fp32: no quantize stage, no fake quant
+    corpus = evaluation["corpus"]
+    assert corpus["window"] == 48  # the whole context: tiny-llama has no attention sink
+    assert 150 <= corpus["tokens"] <= SUITE.corpus_tokens
+    program = corpus["candidates"]["program"]
+    assert program["tokens"] == corpus["tokens"]
+    assert program["kl_divergence"]["mean"] < 1e-5
+    assert program["same_top_percent"] > 99.0
+    assert abs(program["perplexity_ratio"]["value"] - 1) < 1e-3
+    assert corpus["candidates"]["fp32"]["perplexity"] > 1
+    prompts = evaluation["prompts"]["models"]
+    assert prompts["program"]["prompts"] == SUITE.prompts
+    assert prompts["program"]["identical"] == SUITE.prompts
+    assert all(r["margin"] is None for r in prompts["program"]["rows"])
+    tasks = evaluation["tasks"]["models"]["program"]
+    assert tasks["items"] == SUITE.tasks and tasks["same_pick_as_reference"] == 100.0
+    assert evaluation["gates"]["ok"] is True
+    headline = run["summary"]["evaluation"]
+    assert headline["kl_mean"] == program["kl_divergence"]["mean"]
+    assert headline["report"] == str(run["out"] / EVAL_MD)
+    text = (run["out"] / EVAL_MD).read_text()
+    assert "Gates: ok" in text and "| program |" in text
+
+
+def _damaged(lm: StepLm) -> StepLm:
+    """The program with its logits shifted by one vocabulary slot: a mis-wired output."""
+
+    def shift(step: Any) -> Any:
+        return lambda ids, pos: torch.roll(step(ids, pos), 1, dims=-1)
+
+    return StepLm("program", shift(lm.prefill), shift(lm.decode), lm.spec)
+
+
+def test_a_damaged_program_fails_the_gates_naming_each_figure(run: dict[str, Any]) -> None:
+    summary = run["summary"]
+    fp32 = artifact_lm(_artifact(summary, Stage.PREPARE), "fp32")
+    program, pte = program_lm(_artifact(summary, Stage.COMPILE))
+    try:
+        text = artifact_text(_artifact(summary, Stage.COMPILE), program)
+        evaluation = evaluate([fp32, _damaged(program)], shipped(), SUITE, text)
+    finally:
+        pte.close()
+    failures = gate_failures(evaluation, EvalGates(), "program", Recipe.A8W8)
+    assert any(f.startswith("KL divergence from fp32") for f in failures)
+    assert any(f.startswith("same top token as fp32") for f in failures)
+    assert any("perplexity" in f for f in failures)
+    assert failures[-1].startswith("try --recipe 16a8w")
+    replies = evaluation["prompts"]["models"]["program"]["rows"]
+    assert all(r["same_tokens"] == 0 and r["margin"] > 0 for r in replies)
+
+
+def test_the_users_eval_file_replaces_what_it_holds(run: dict[str, Any], tmp_path: Path) -> None:
+    rows = tmp_path / "mine.jsonl"
+    rows.write_text(
+        json.dumps({"prompt": "Alice was", "answers": ["Alice"]}) + "\n"
+        + json.dumps({"context": "Down, down,", "choices": [" down", " up"], "answer": 0}) + "\n"
+    )
+    data = with_eval_file(shipped(), rows)
+    assert len(data.prompts) == 1 and len(data.tasks) == 1
+    assert data.sources["corpus"].startswith("shipped")
+    summary = run["summary"]
+    fp32 = artifact_lm(_artifact(summary, Stage.PREPARE), "fp32")
+    program, pte = program_lm(_artifact(summary, Stage.COMPILE))
+    try:
+        text = artifact_text(_artifact(summary, Stage.COMPILE), program)
+        evaluation = evaluate([fp32, program], data, SUITE, text)
+    finally:
+        pte.close()
+    assert evaluation["sources"]["prompts"] == f"--eval-file {rows}"
+    assert evaluation["prompts"]["models"]["program"]["prompts"] == 1
+    assert evaluation["tasks"]["models"]["program"]["items"] == 1
+    # The fp32 reference's pick is the program's: same weights, same arithmetic.
+    assert evaluation["tasks"]["models"]["program"]["same_pick_as_reference"] == 100.0
+    assert np.isfinite(evaluation["corpus"]["candidates"]["program"]["kl_divergence"]["mean"])
