@@ -105,6 +105,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "--help says more")
     p.add_argument("--seq-len", type=int, help="token length for text models (default: 128)")
     p.add_argument("--calibration-samples", type=int, help="default: 16")
+    p.add_argument("--calibration-file", type=Path,
+                   help="your own calibration data: a .txt file (one sample per line; a causal "
+                   "LM's text) or a .pt file of inputs; qnn-prepare --help says more")
     p.add_argument("--runs", type=int, help="timed inference runs (default: 20)")
     add_threads_arg(p)
     add_run_timeout_arg(p)
@@ -169,6 +172,7 @@ def context_from_args(args: argparse.Namespace) -> PipelineContext:
             "force": args.force or None,
         },
         "prepare": {"seq_len": args.seq_len, "calibration_samples": args.calibration_samples,
+                    "calibration_file": args.calibration_file,
                     # A prompt asks for generation: the causal LM is exported with a KV cache.
                     "kv_cache": True if generation is not None else None,
                     "max_seq_len": args.max_seq_len, "prefill_len": args.prefill_len,

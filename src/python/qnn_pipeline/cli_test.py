@@ -29,9 +29,13 @@ def test_skip_quantize_is_the_fp32_path() -> None:
     assert ctx.stop_after is Stage.COMPILE
 
 
-def test_stage_flags_reach_stage_configs() -> None:
-    ctx = _ctx("--model", "minilm", "--seq-len", "32", "--calibration-samples", "3", "--runs", "7")
+def test_stage_flags_reach_stage_configs(tmp_path: Path) -> None:
+    calibration = tmp_path / "calibration.txt"
+    calibration.write_text("one sample\nanother\n", encoding="utf-8")
+    ctx = _ctx("--model", "minilm", "--seq-len", "32", "--calibration-samples", "3", "--runs", "7",
+               "--calibration-file", str(calibration))
     assert ctx.prepare.seq_len == 32 and ctx.prepare.calibration_samples == 3
+    assert ctx.prepare.calibration_file == calibration
     assert ctx.infer.runs == 7
     lpbq = _ctx("--model", "tiny-llama", "--backend", "qnn", "--soc", "SM8650", "--recipe",
                 "16a4w_block", "--block-size", "32", "--group-mapping", "asymmetric")
