@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import importlib.resources
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from qnn_common.errors import ArtifactError
 
 # A user's file is read whole; beyond this it is refused before a byte is parsed.
 MAX_EVAL_FILE_BYTES = 64 * 1024 * 1024
 _DATA = "evaluation/data"
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,14 @@ class EvalData:
     prompts: tuple[PromptCase, ...]
     tasks: tuple[TaskItem, ...]
     sources: dict[str, str]
+
+
+def spread(rows: Sequence[T], count: int | None) -> list[T]:
+    """`count` rows evenly spaced over `rows`, in order (all of them for None): a suite's share
+    samples every kind of item the data holds, not the first kind only."""
+    if count is None or count >= len(rows):
+        return list(rows)
+    return [rows[i * len(rows) // count] for i in range(count)]
 
 
 def _resource(name: str) -> Any:

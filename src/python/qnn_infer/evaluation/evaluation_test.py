@@ -10,6 +10,7 @@ import json
 import re
 from collections.abc import Sequence
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, cast
 
 import numpy as np
@@ -20,7 +21,7 @@ from qnn_common.gates import EvalGates
 from qnn_common.llm import StepLm
 from qnn_common.recipes import Recipe
 from qnn_infer.evaluation import corpus, data, tasks
-from qnn_infer.evaluation.data import Document, EvalData, PromptCase, TaskItem
+from qnn_infer.evaluation.data import Document, EvalData, PromptCase, TaskItem, spread
 from qnn_infer.evaluation.lm import Reply
 from qnn_infer.evaluation.prompts import compare_reply, repetition, summarize
 from qnn_infer.evaluation.report import answer_drop, gate_failures, markdown
@@ -29,8 +30,8 @@ VOCAB = 8
 
 
 def _lm(name: str) -> StepLm:
-    # Only the name matters: `logits` is replaced by a function of (name, ids).
-    return StepLm(name, cast(Any, None), cast(Any, None), cast(Any, None))
+    # Only the name and the context matter: `logits` is replaced by a function of (name, ids).
+    return StepLm(name, cast(Any, None), cast(Any, None), cast(Any, SimpleNamespace(context=6)))
 
 
 def _fake_logits(ids: Sequence[int], shift: int = 0) -> np.ndarray:
@@ -133,6 +134,13 @@ def test_unusable_files_are_refused_before_parsing(
         data.with_eval_file(_base(), binary)
 
 
+def test_a_suites_share_is_spread_over_the_data() -> None:
+    rows = [f"{kind}{n}" for kind in "abcd" for n in range(5)]
+    assert spread(rows, 4) == ["a0", "b0", "c0", "d0"]
+    assert spread(rows, 8) == ["a0", "a2", "b0", "b2", "c0", "c2", "d0", "d2"]
+    assert spread(rows, None) == rows and spread(rows, 50) == rows
+
+
 def _encode(text: str) -> list[int]:
     return [ord(c) % VOCAB for c in text]
 
@@ -210,6 +218,14 @@ def test_tasks_pick_the_likeliest_choice_and_count_agreement() -> None:
              TaskItem("next", "\x03", ("\x07", "\x04"), 1)]
     out = tasks.run_tasks([_lm("fp32"), _lm("broken")], items, _encode)
     assert out["models"]["fp32"]["acc"] == 100.0
+    # A slow model's share: compared with the reference on the same items.
+    slow = tasks.run_tasks([_lm("fp32"), _lm("same")], items * 2, _encode, limits={"same": 2})
+    assert slow["models"]["same"]["items"] == 2 and slow["models"]["fp32"]["items"] == 4
+    assert slow["models"]["same"]["by_task"] == {"next": 100.0}
+    # An item longer than the context (6 tokens) is skipped by every model, and counted.
+    long = TaskItem("long", "\x01" * 6, ("\x02", "\x05"), 0)
+    skipped = tasks.run_tasks([_lm("fp32"), _lm("same")], [*items, long], _encode)
+    assert skipped["skipped_too_long"] == 1 and skipped["models"]["same"]["items"] == 2
     assert out["models"]["broken"]["acc"] == 0.0
     assert out["models"]["broken"]["same_pick_as_reference"] == 0.0
     assert out["models"]["broken"]["reference_acc"] == 100.0
@@ -236,8 +252,10 @@ def _evaluation(kl: float, top: float, ratio: tuple[float, float, float],
                                         "perplexity_ratio": dict(zip(
                                             ("value", "low", "high"), ratio, strict=True))}}},
         "prompts": {"reference": "fp32", "new_tokens": 8,
-                    "models": {"fp32": {**summary, "rows": ref_rows},
-                               "q": {**summary, "rows": my_rows}}},
+                    "models": {"fp32": {**summary, "rows": ref_rows,
+                                        "indices": list(range(len(mine)))},
+                               "q": {**summary, "rows": my_rows,
+                                     "indices": list(range(len(mine)))}}},
         "tasks": {"models": {}}, "seconds": {"total": 1.0},
     }
 
@@ -258,6 +276,10 @@ def test_gates_pass_a_good_program_and_name_every_miss_of_a_bad_one() -> None:
     noisy = _evaluation(0.05, 95.0, (1.3, 1.2, 1.4), [True] * 10)
     assert gate_failures(noisy, gates, "q", None) == []
     assert answer_drop(bad, "q") == (50.0, 5, 0, 10)
+    # Two answers of ten lost is 20 points, but two flips are not more than chance (McNemar).
+    two = _evaluation(0.05, 95.0, (1.05, 1.01, 1.09), [True] * 8 + [False] * 2)
+    assert answer_drop(two, "q") == (20.0, 2, 0, 10)
+    assert gate_failures(two, gates, "q", None) == []
     assert gate_failures(bad, EvalGates(None, None, None, None), "q", Recipe.A8DW4) == []
 
 

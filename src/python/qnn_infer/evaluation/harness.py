@@ -12,7 +12,7 @@ from typing import Any
 from qnn_common.errors import ConfigValidationError
 from qnn_common.llm import StepLm
 from qnn_infer.evaluation.corpus import MAX_WINDOW, score_corpus, windows
-from qnn_infer.evaluation.data import EvalData
+from qnn_infer.evaluation.data import EvalData, spread
 from qnn_infer.evaluation.prompts import run_prompts
 from qnn_infer.evaluation.tasks import run_tasks
 
@@ -80,13 +80,13 @@ def evaluate(
     seconds["corpus"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    prompts = list(data.prompts)[:suite.prompts]
+    prompts = spread(data.prompts, suite.prompts)
     out["prompts"] = run_prompts(models, prompts, text.prompt, text.decode, suite.new_tokens,
                                  _limits(slow, "prompts", suite))
     seconds["prompts"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    items = list(data.tasks)[:suite.tasks]
+    items = spread(data.tasks, suite.tasks)
     out["tasks"] = run_tasks(models, items, text.encode, _limits(slow, "tasks", suite))
     seconds["tasks"] = time.perf_counter() - t
     out["seconds"] = {k: round(v, 1) for k, v in seconds.items()}

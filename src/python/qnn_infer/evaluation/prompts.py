@@ -12,7 +12,7 @@ from typing import Any
 
 from qnn_common.llm import StepLm
 from qnn_common.lm_metrics import NEAR_TIE_NATS
-from qnn_infer.evaluation.data import PromptCase
+from qnn_infer.evaluation.data import PromptCase, spread
 from qnn_infer.evaluation.lm import Reply, greedy
 
 log = logging.getLogger(__name__)
@@ -100,31 +100,44 @@ def run_prompts(
     new_tokens: int = NEW_TOKENS, limits: dict[str, int] | None = None,
 ) -> dict[str, Any]:
     """Each model's replies; the first model is the reference. A model named in `limits`
-    answers only that many prompts (the first ones)."""
+    answers only that many prompts, spread over the suite (`indices` says which)."""
     reference, *others = models
     limits = limits or {}
+    # A prompt that fills the context leaves no room for a reply: skipped by every model.
+    encoded = [(i, case, encode(case.prompt)) for i, case in enumerate(cases)]
+    fitting = [(i, case, ids) for i, case, ids in encoded if 0 < len(ids) < reference.spec.context]
+    if len(fitting) < len(cases):
+        log.warning("prompts: %d of %d skipped, longer than the context of %d tokens",
+                    len(cases) - len(fitting), len(cases), reference.spec.context)
+    picked = {m.name: {fitting[k][0] for k in spread(range(len(fitting)), limits.get(m.name))}
+              for m in others}
     replies: dict[str, list[PromptRow]] = {m.name: [] for m in models}
-    for number, case in enumerate(cases, 1):
-        ids = encode(case.prompt)
+    indices: dict[str, list[int]] = {m.name: [] for m in models}
+    for number, (index, case, ids) in enumerate(fitting, 1):
         ref = greedy(reference, ids, new_tokens)
         ref_text = decode_text(ref.tokens)
         replies[reference.name].append(compare_reply(case, ref, ref, ref_text))
+        indices[reference.name].append(index)
         for model in others:
-            if number > limits.get(model.name, len(cases)):
+            if index not in picked[model.name]:
                 continue
             reply = greedy(model, ids, new_tokens)
             replies[model.name].append(
                 compare_reply(case, reply, ref, decode_text(reply.tokens)))
-        if number % 10 == 0 or number == len(cases):
-            log.info("prompts: %d of %d answered", number, len(cases))
-    ref_rows = replies[reference.name]
+            indices[model.name].append(index)
+        if number % 10 == 0 or number == len(fitting):
+            log.info("prompts: %d of %d answered", number, len(fitting))
+    ref_rows = dict(zip(indices[reference.name], replies[reference.name], strict=True))
     return {
         "reference": reference.name, "new_tokens": new_tokens,
+        "skipped_too_long": len(cases) - len(fitting),
         "models": {
             name: {
                 **summarize(rows),
                 # The reference over the same prompts: a limited model is judged on its subset.
-                "reference_answer_percent": summarize(ref_rows[:len(rows)])["answer_percent"],
+                "reference_answer_percent": summarize(
+                    [ref_rows[i] for i in indices[name]])["answer_percent"],
+                "indices": indices[name],
                 "rows": [r.to_json() for r in rows],
             }
             for name, rows in replies.items() if rows

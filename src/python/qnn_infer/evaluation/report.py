@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,7 @@ def gate_failures(
     drop = answer_drop(evaluation, model)
     if drop is not None and gates.max_answer_drop_points is not None:
         points, lost, gained, known = drop
-        if points > gates.max_answer_drop_points:
+        if points > gates.max_answer_drop_points and answers_clearly_lost(lost, gained):
             misses.append(f"prompt suite: {lost} known answers lost and {gained} gained of "
                           f"{known} ({points:.1f} points > {gates.max_answer_drop_points})")
     if misses and recipe is not None and recipe in NEXT_RECIPE:
@@ -45,16 +46,25 @@ def gate_failures(
     return misses
 
 
+def _paired_rows(
+    prompts: dict[str, Any], model: str
+) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """(reference row, `model`'s row) for each prompt `model` answered."""
+    models = prompts.get("models", {})
+    reference = models.get(prompts.get("reference"))
+    mine = models.get(model)
+    if reference is None or mine is None:
+        return []
+    by_index = dict(zip(reference["indices"], reference["rows"], strict=True))
+    return [(by_index[i], row) for i, row in zip(mine["indices"], mine["rows"], strict=True)]
+
+
 def answer_drop(evaluation: dict[str, Any], model: str) -> tuple[float, int, int, int] | None:
     """(points lost net, answers lost, answers gained, prompts with a known answer) of `model`
     against the reference on the prompts both answered; None without known answers."""
-    models = evaluation.get("prompts", {}).get("models", {})
-    reference = evaluation.get("prompts", {}).get("reference")
-    if model not in models or reference not in models:
-        return None
     pairs = [
         (ref["answer_found"], mine["answer_found"])
-        for ref, mine in zip(models[reference]["rows"], models[model]["rows"], strict=False)
+        for ref, mine in _paired_rows(evaluation.get("prompts", {}), model)
         if mine["answer_found"] is not None
     ]
     if not pairs:
@@ -62,6 +72,16 @@ def answer_drop(evaluation: dict[str, Any], model: str) -> tuple[float, int, int
     lost = sum(1 for r, m in pairs if r and not m)
     gained = sum(1 for r, m in pairs if m and not r)
     return 100.0 * (lost - gained) / len(pairs), lost, gained, len(pairs)
+
+
+def answers_clearly_lost(lost: int, gained: int) -> bool:
+    """Whether `lost` answers against `gained` is more than chance, McNemar's test at 95 %
+    (normal approximation, one-sided): on the prompts where the two models disagree, the
+    program loses more than a fair coin would. One flip on a near tie never is."""
+    return lost - gained > _Z95_ONE_SIDED * math.sqrt(lost + gained)
+
+
+_Z95_ONE_SIDED = 1.645
 
 
 def _signed(ratio: float) -> str:
@@ -97,8 +117,9 @@ def markdown(evaluation: dict[str, Any], title: str, failures: list[str] | None 
             f"({c['near_tie_flips']}) | {p['value']} [{p['low']}, {p['high']}] | "
             f"{_signed(r['value'])} [{_signed(r['low'])}, {_signed(r['high'])}] |")
     prompts = evaluation["prompts"]
-    lines += ["", f"## Prompt suite (greedy, {prompts['new_tokens']} new tokens)", "",
-              "| model | prompts | answers found | fp32 on the same | identical to fp32 | "
+    lines += ["", f"## Prompt suite (greedy, {prompts['new_tokens']} new tokens)", ""]
+    lines += _skipped(prompts, "prompts")
+    lines += ["| model | prompts | answers found | fp32 on the same | identical to fp32 | "
               "diverged (near tie) | mean same tokens | repetition |",
               "|---|---|---|---|---|---|---|---|"]
     for name, m in prompts["models"].items():
@@ -107,9 +128,10 @@ def markdown(evaluation: dict[str, Any], title: str, failures: list[str] | None 
             f"{m['reference_answer_percent']} % | {m['identical']} | {m['diverged']} "
             f"({m['diverged_near_tie']}) | {m['mean_same_tokens']} | {m['mean_repetition']} |")
     tasks = evaluation["tasks"]
-    lines += ["", "## Tasks (log-likelihood, as lm-eval's acc / acc_norm)", "",
-              "| model | items | acc % | acc_norm % | fp32 acc on the same % | same pick as fp32 % "
-              "| by task (acc %) |", "|---|---|---|---|---|---|---|"]
+    lines += ["", "## Tasks (log-likelihood, as lm-eval's acc / acc_norm)", ""]
+    lines += _skipped(tasks, "items")
+    lines += ["| model | items | acc % | acc_norm % | fp32 acc on the same % | same pick as "
+              "fp32 % | by task (acc %) |", "|---|---|---|---|---|---|---|"]
     for name, t in tasks["models"].items():
         by = ", ".join(f"{k} {v}" for k, v in t["by_task"].items())
         lines.append(f"| {name} | {t['items']} | {t['acc']} | {t['acc_norm']} | "
@@ -120,18 +142,20 @@ def markdown(evaluation: dict[str, Any], title: str, failures: list[str] | None 
     return "\n".join(lines)
 
 
+def _skipped(part: dict[str, Any], what: str) -> list[str]:
+    count = part.get("skipped_too_long", 0)
+    return [f"{count} {what} longer than the model's context were skipped.", ""] if count else []
+
+
 def _divergences(prompts: dict[str, Any]) -> list[str]:
     """Each prompt where a model's reply left the reference's, with the reference's margin."""
-    reference = prompts["models"].get(prompts["reference"])
-    if reference is None:
-        return []
     lines = ["", "## Where replies left fp32's", "",
              "A margin is the float model's own preference (nats) for its token over the one "
              "taken at the first difference: under 0.1 a near tie, not a broken program.", ""]
-    for name, m in prompts["models"].items():
+    for name in prompts["models"]:
         if name == prompts["reference"]:
             continue
-        for ref, row in zip(reference["rows"], m["rows"], strict=False):
+        for ref, row in _paired_rows(prompts, name):
             if row["margin"] is None:
                 continue
             lines += [f"- **{name}**, {row['prompt']!r}: after {row['same_tokens']} same tokens, "

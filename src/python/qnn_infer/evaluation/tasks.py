@@ -12,7 +12,7 @@ import numpy as np
 
 from qnn_common.llm import StepLm
 from qnn_common.lm_metrics import log_softmax
-from qnn_infer.evaluation.data import TaskItem
+from qnn_infer.evaluation.data import TaskItem, spread
 from qnn_infer.evaluation.lm import logits
 
 log = logging.getLogger(__name__)
@@ -56,35 +56,51 @@ def run_tasks(
     limits: dict[str, int] | None = None,
 ) -> dict[str, Any]:
     """acc and acc_norm per model, overall and per task, and how often each model picks what
-    the first (the reference) picks. A model named in `limits` scores that many items."""
+    the first (the reference) picks. A model named in `limits` scores that many items, spread
+    over the suite."""
     limits = limits or {}
-    picks: dict[str, list[tuple[int, int]]] = {m.name: [] for m in models}
-    for number, item in enumerate(items, 1):
-        for model in models:
-            if number <= limits.get(model.name, len(items)):
-                picks[model.name].append(score_item(model, item, encode))
-        if number % 50 == 0 or number == len(items):
-            log.info("tasks: %d of %d items scored", number, len(items))
     reference = models[0].name
+    # An item whose context and longest choice pass the context cannot be scored: skipped.
+    context = models[0].spec.context
+    fitting = [i for i, item in enumerate(items)
+               if all(len(c) + len(t) <= context
+                      for c, t in (continuation(encode, item.context, ch) for ch in item.choices))]
+    if len(fitting) < len(items):
+        log.warning("tasks: %d of %d items skipped, longer than the context of %d tokens",
+                    len(items) - len(fitting), len(items), context)
+    picked = {m.name: {fitting[k] for k in spread(range(len(fitting)), limits.get(m.name))}
+              for m in models}
+    picked[reference] = set(fitting)
+    picks: dict[str, dict[int, tuple[int, int]]] = {m.name: {} for m in models}
+    for index, item in enumerate(items):
+        if index not in picked[reference]:
+            continue
+        for model in models:
+            if index in picked[model.name]:
+                picks[model.name][index] = score_item(model, item, encode)
+        if (index + 1) % 50 == 0 or index + 1 == len(items):
+            log.info("tasks: %d of %d items scored", index + 1, len(items))
     out: dict[str, Any] = {}
     for name, chosen in picks.items():
         if not chosen:
             continue
-        scored = items[:len(chosen)]
-        ref = picks[reference][:len(chosen)]
+        at = sorted(chosen)
+        mine = [chosen[i] for i in at]
+        scored = [items[i] for i in at]
+        ref = [picks[reference][i] for i in at]
         out[name] = {
-            "items": len(chosen),
-            "acc": _percent(sum(p[0] == it.answer for p, it in zip(chosen, scored, strict=True)),
-                            len(chosen)),
+            "items": len(at),
+            "acc": _percent(sum(p[0] == it.answer for p, it in zip(mine, scored, strict=True)),
+                            len(at)),
             "acc_norm": _percent(
-                sum(p[1] == it.answer for p, it in zip(chosen, scored, strict=True)), len(chosen)),
+                sum(p[1] == it.answer for p, it in zip(mine, scored, strict=True)), len(at)),
             "same_pick_as_reference": _percent(
-                sum(p[0] == r[0] for p, r in zip(chosen, ref, strict=True)), len(chosen)),
+                sum(p[0] == r[0] for p, r in zip(mine, ref, strict=True)), len(at)),
             "reference_acc": _percent(
-                sum(r[0] == it.answer for r, it in zip(ref, scored, strict=True)), len(chosen)),
-            "by_task": _by_task(chosen, scored),
+                sum(r[0] == it.answer for r, it in zip(ref, scored, strict=True)), len(at)),
+            "by_task": _by_task(mine, scored),
         }
-    return {"reference": reference, "models": out}
+    return {"reference": reference, "skipped_too_long": len(items) - len(fitting), "models": out}
 
 
 def _percent(hits: int, total: int) -> float:
