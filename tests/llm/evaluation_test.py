@@ -15,11 +15,14 @@ import torch
 from qnn_common.config import Stage
 from qnn_common.gates import EvalGates
 from qnn_common.llm import StepLm
+from qnn_common.lm_metrics import log_softmax
 from qnn_common.recipes import Recipe
 from qnn_infer.evaluation.data import shipped, with_eval_file
 from qnn_infer.evaluation.harness import Suite, evaluate
+from qnn_infer.evaluation.lm import continued, logits
 from qnn_infer.evaluation.program import artifact_text, program_lm
 from qnn_infer.evaluation.report import gate_failures
+from qnn_infer.evaluation.tasks import continuation
 from qnn_pipeline.context import PipelineContext
 from qnn_pipeline.evaluation import EVAL_JSON, EVAL_MD, EvalRequest
 from qnn_pipeline.orchestrator import run_pipeline
@@ -72,6 +75,40 @@ def test_an_fp32_program_evaluates_as_its_float_model(run: dict[str, Any]) -> No
     assert headline["report"] == str(run["out"] / EVAL_MD)
     text = (run["out"] / EVAL_MD).read_text()
     assert "Gates: ok" in text and "| program |" in text
+
+
+def test_a_choice_continued_from_its_fed_context_scores_as_the_whole_sequence(
+    run: dict[str, Any]
+) -> None:
+    """Tasks feed an item's context once and continue each choice from it, over the cache the
+    previous choice wrote past the context: each choice must score as if fed whole."""
+    summary = run["summary"]
+    program, pte = program_lm(_artifact(summary, Stage.COMPILE))
+    try:
+        _check_continuations(artifact_lm(_artifact(summary, Stage.PREPARE), "fp32"), summary)
+        _check_continuations(program, summary)
+    finally:
+        pte.close()
+
+
+def _check_continuations(lm: StepLm, summary: dict[str, Any]) -> None:
+    text = artifact_text(_artifact(summary, Stage.COMPILE), lm)
+    context = "Alice was"  # bytes: tiny-llama has no tokenizer, and a 48-token context
+    # Long, short, long: the short one reads past a longer one's cache, the last rewrites it.
+    choices = (" tired of sitting", " x", " tired of sitting")
+    ctx = text.encode(context)
+    expected = []
+    for choice in choices:
+        _, cont = continuation(text.encode, context, choice)
+        whole = log_softmax(logits(lm, [*ctx, *cont]))
+        expected.append(sum(whole[len(ctx) - 1 + i, t] for i, t in enumerate(cont)))
+    last = log_softmax(logits(lm, ctx))[-1]
+    for choice, want in zip(choices, expected, strict=True):
+        _, cont = continuation(text.encode, context, choice)
+        fed = last[cont[0]] + sum(
+            log_softmax(continued(lm, cont[:-1], len(ctx)))[i, t]
+            for i, t in enumerate(cont[1:]))
+        assert abs(fed - want) < 1e-3, (lm.name, choice, fed, want)
 
 
 def _damaged(lm: StepLm) -> StepLm:

@@ -47,8 +47,12 @@ def fake_models(monkeypatch: pytest.MonkeyPatch) -> None:
     def logits(lm: StepLm, ids: Sequence[int]) -> np.ndarray:
         return _fake_logits(ids, shift={"fp32": 0, "same": 0, "broken": 3}[lm.name])
 
+    def continued(lm: StepLm, ids: Sequence[int], start: int) -> np.ndarray:
+        return logits(lm, ids)  # the fake's next token depends on the current one alone
+
     monkeypatch.setattr(corpus, "logits", logits)
     monkeypatch.setattr(tasks, "logits", logits)
+    monkeypatch.setattr(tasks, "continued", continued)
 
 
 def _base() -> EvalData:

@@ -22,6 +22,19 @@ def logits(lm: StepLm, ids: Sequence[int]) -> Logits:
     return out.detach().to(torch.float32).numpy()
 
 
+# A continuation of at most this many tokens goes a token at a time through decode: a padded
+# prefill window costs as much as a whole window, a decode step one token.
+SHORT_CONTINUATION = 8
+
+
+def continued(lm: StepLm, ids: Sequence[int], start: int) -> Logits:
+    """Logits [len(ids), vocab] of `ids` fed at positions start.., after a context already fed
+    below `start` (what a cache holds beyond `start` is overwritten, never read)."""
+    out: torch.Tensor = feed(lm.prefill, lm.decode, list(ids), start, lm.spec,
+                             decode_up_to=SHORT_CONTINUATION)
+    return out.detach().to(torch.float32).numpy()
+
+
 @dataclass(frozen=True)
 class Reply:
     """A greedy reply: its tokens and the logits each was picked from ([len(tokens), vocab])."""

@@ -13,7 +13,7 @@ import numpy as np
 from qnn_common.llm import StepLm
 from qnn_common.lm_metrics import log_softmax
 from qnn_infer.evaluation.data import TaskItem, spread
-from qnn_infer.evaluation.lm import logits
+from qnn_infer.evaluation.lm import continued, logits
 
 log = logging.getLogger(__name__)
 
@@ -30,22 +30,21 @@ def continuation(encode: Callable[[str], list[int]], context: str, choice: str
     return ctx, whole[len(ctx):]
 
 
-def choice_loglikelihood(lm: StepLm, ctx: Sequence[int], cont: Sequence[int]) -> float:
-    """log P(cont | ctx) under `lm`, teacher-forced."""
-    ids = [*ctx, *cont]
-    logp = log_softmax(logits(lm, ids))
-    # Position i's logits score token i + 1: the continuation's tokens from the context's last.
-    start = len(ctx) - 1
-    return float(sum(logp[start + i, t] for i, t in enumerate(cont)))
-
-
 def score_item(lm: StepLm, item: TaskItem, encode: Callable[[str], list[int]]
                ) -> tuple[int, int]:
-    """(acc's pick, acc_norm's pick) for one item."""
+    """(acc's pick, acc_norm's pick) for one item: the context fed once, each choice continued
+    from it (the cache past the context is rewritten by every choice)."""
+    ctx = encode(item.context)
+    last = log_softmax(logits(lm, ctx))[-1]  # scores each choice's first token
     sums = []
     for choice in item.choices:
-        ctx, cont = continuation(encode, item.context, choice)
-        sums.append(choice_loglikelihood(lm, ctx, cont))
+        _, cont = continuation(encode, item.context, choice)
+        total = float(last[cont[0]])
+        if len(cont) > 1:
+            # Position i's logits score token i + 1: the choice's own tokens but its last.
+            logp = log_softmax(continued(lm, cont[:-1], len(ctx)))
+            total += float(sum(logp[i, t] for i, t in enumerate(cont[1:])))
+        sums.append(total)
     scores = np.asarray(sums)
     per_char = scores / np.asarray([max(1, len(c)) for c in item.choices])
     return int(np.argmax(scores)), int(np.argmax(per_char))
