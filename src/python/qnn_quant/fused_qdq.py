@@ -132,3 +132,40 @@ def _erase_unread(gm: torch.fx.GraphModule) -> None:
             isinstance(source, torch.fx.Node) and "choose_qparams" in str(source.target)
         ):
             gm.graph.erase_node(node)
+
+
+def fold_weight_dequantize(gm: torch.fx.GraphModule) -> int:
+    """Compute once every dequantize whose inputs are all the module's own constants (a
+    quantized weight, its scales and zero points) and read its float result instead, in place;
+    returns how many were folded. The same op on the same tensors, so the same bits; a grouped
+    int4 weight (8da4w) is otherwise dequantized at every call, which made the fake-quant model
+    several times slower than the float one in eager. Costs the float weights' memory beside the
+    integer ones: for the evaluation's copies, not for the quantize stage's report."""
+    folded = 0
+    for node in list(gm.graph.nodes):
+        if (node.op != "call_function" or "dequantize" not in str(node.target)
+                or not node.all_input_nodes
+                or any(arg.op != "get_attr" for arg in node.all_input_nodes)):
+            continue
+        args, kwargs = torch.fx.node.map_arg(
+            (node.args, node.kwargs), lambda arg: _attr(gm, str(arg.target)))
+        with torch.no_grad():
+            value = node.target(*args, **kwargs)
+        name = f"_folded_dequantize_{folded}"
+        gm.register_buffer(name, value, persistent=False)
+        with gm.graph.inserting_before(node):
+            constant = gm.graph.get_attr(name)
+        node.replace_all_uses_with(constant)
+        gm.graph.erase_node(node)
+        folded += 1
+    if folded:
+        gm.graph.eliminate_dead_code()
+        gm.recompile()
+    return folded
+
+
+def _attr(gm: torch.fx.GraphModule, target: str) -> torch.Tensor:
+    owner, _, leaf = target.rpartition(".")
+    value = getattr(gm.get_submodule(owner) if owner else gm, leaf)
+    assert isinstance(value, torch.Tensor), target
+    return value

@@ -196,3 +196,22 @@ def test_the_layer_report_reads_a_split_linear_after_its_offset_path() -> None:
     layers = {w["layer"]: w for w in accuracy_report(fp32, program, samples)["worst_layers"]}
     assert layers["up"]["op"] == "linear"
     assert float(layers["up"]["sqnr_db"]) >= 30, layers["up"]
+
+
+def test_folding_the_weights_dequantize_keeps_every_bit() -> None:
+    from qnn_quant.fused_qdq import fold_weight_dequantize, reference_module
+
+    program, _, _, _ = _quantize(GroupMapping.ASYMMETRIC)
+    x = torch.randn(2, 7, 64)
+    gm = reference_module(program, dynamic_per_row=True)
+    with torch.no_grad():
+        before = gm(x)
+    def dequantize_ops() -> int:
+        return sum(1 for n in gm.graph.nodes
+                   if n.op == "call_function" and "dequantize" in str(n.target))
+
+    dequantized = dequantize_ops()
+    assert fold_weight_dequantize(gm) == 2  # both linears' weights; activations stay
+    assert dequantize_ops() == dequantized - 2
+    with torch.no_grad():
+        assert torch.equal(gm(x), before)

@@ -16,7 +16,7 @@ from qnn_common.sealing import load_manifest
 from qnn_common.stages import llm_spec_of, program_files, quantized_for, rope_of, sink_of
 from qnn_common.torchio.known_weights import buffers_written
 from qnn_common.torchio.programs import load_methods
-from qnn_quant.fused_qdq import reference_module
+from qnn_quant.fused_qdq import fold_weight_dequantize, reference_module
 from qnn_quant.methods import module_runner
 from qnn_quant.quantizers import dynamic_scale_per_row
 
@@ -34,6 +34,8 @@ def artifact_lm(artifact: Path, name: str) -> StepLm:
         target, _ = quantized_for(artifact, manifest)
         per_row = dynamic_scale_per_row(target.backend)
         modules = {m: reference_module(p, dynamic_per_row=per_row) for m, p in programs.items()}
+        for module in modules.values():
+            fold_weight_dequantize(module)
     else:
         modules = {m: p.module() for m, p in programs.items()}
     if spec.kv_layout is None:
