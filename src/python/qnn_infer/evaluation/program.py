@@ -7,24 +7,16 @@ from pathlib import Path
 from typing import Any
 
 from qnn_common.chat_template import render_chat_prompt
-from qnn_common.errors import ArtifactError
 from qnn_common.llm import StepLm, without_sink
-from qnn_common.sealing import load_manifest
-from qnn_common.stages import PTE, TOKENIZER_DIR, llm_spec_of, rope_of, sink_of
+from qnn_common.stages import TOKENIZER_DIR
 from qnn_infer.evaluation.harness import Text
-from qnn_infer.families.causal_lm import load_tokenizer
+from qnn_infer.families.causal_lm import load_tokenizer, open_program_lm
 from qnn_infer.generate import PteLm
-from qnn_infer.runtimes import delegates_in, prepare_runtime
 
 
 def program_lm(compiled: Path, name: str = "program") -> tuple[StepLm, PteLm]:
     """The .pte's steps (the runtime made ready first), and the PteLm to close when done."""
-    manifest = load_manifest(compiled)
-    spec = llm_spec_of(compiled, manifest)
-    if spec is None:
-        raise ArtifactError(compiled, "holds no causal LM (prefill and decode) to evaluate")
-    prepare_runtime(delegates_in(compiled / PTE))
-    lm = PteLm(compiled / PTE, spec, rope_of(compiled, manifest), sink_of(compiled, manifest))
+    lm, spec = open_program_lm(compiled)
     return StepLm(name, lm.prefill, lm.decode, spec), lm
 
 

@@ -103,14 +103,21 @@ def program_logits(compiled: Path) -> list[torch.Tensor]:
     """A compile artifact's causal LM run teacher-forced on its eval texts, prefill then decode
     as generation calls them (the QNN SDK made ready first for an HTP program): its logits per
     text. For comparing programs (shard counts, a resumed compile) in tests and benches."""
+    lm, spec = open_program_lm(compiled)
+    texts = [sample[0] for sample in load_samples(compiled / EVAL_INPUTS)]
+    return teacher_forced_logits(lm.prefill, lm.decode, texts, spec)
+
+
+def open_program_lm(compiled: Path) -> tuple[PteLm, LlmSpec]:
+    """A compile artifact's causal LM program and its spec, the runtime made ready first (the
+    QNN SDK for an HTP program); the caller closes the PteLm."""
     manifest = load_manifest(compiled)
     spec = llm_spec_of(compiled, manifest)
     if spec is None:
-        raise ArtifactError(compiled, "holds no causal LM to run teacher-forced")
+        raise ArtifactError(compiled, "holds no causal LM (prefill and decode) to run")
     prepare_runtime(delegates_in(compiled / PTE))
     lm = PteLm(compiled / PTE, spec, rope_of(compiled, manifest), sink_of(compiled, manifest))
-    texts = [sample[0] for sample in load_samples(compiled / EVAL_INPUTS)]
-    return teacher_forced_logits(lm.prefill, lm.decode, texts, spec)
+    return lm, spec
 
 
 def teacher_forced_accuracy(
