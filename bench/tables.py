@@ -175,13 +175,11 @@ def qdq_sensitivity(result: Mapping[str, Any]) -> str:
 
 def eval_peer(result: Mapping[str, Any]) -> str:
     """bench/eval_peer.py: every model's next-token figures against the float model, llama.cpp
-    among them, on the same corpus tokens."""
+    among them, on the same corpus tokens (`tokens` of the corpus, in windows of `window`)."""
     lines = [
-        f"{result['tokens']} corpus tokens in {result['windows']} windows of up to "
-        f"{result['window']}; reference: fp32 of {result['reference']}.", "",
-        "| model | KL mean | KL p99 | same top % | flips (near tie) | perplexity | "
+        "| model | tokens | KL mean | KL p99 | same top % | flips (near tie) | perplexity | "
         "vs fp32 [95 %] | seconds |",
-        "|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in result["rows"]:
         f = r["figures"]
@@ -191,7 +189,7 @@ def eval_peer(result: Mapping[str, Any]) -> str:
             return f"{100 * (x - 1):+.1f} %"
 
         lines.append(
-            f"| {r['model']} | {f['kl_divergence']['mean']:.4f} | "
+            f"| {r['model']} | {result['tokens']} | {f['kl_divergence']['mean']:.4f} | "
             f"{f['kl_divergence']['p99']:.3f} | {f['same_top_percent']:.1f} | {f['flips']} "
             f"({f['near_tie_flips']}) | {f['perplexity']['value']:.3f} | {pct(ratio['value'])} "
             f"[{pct(ratio['low'])}, {pct(ratio['high'])}] | {r['seconds']:.0f} |")
