@@ -10,18 +10,15 @@ from __future__ import annotations
 import shutil
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from qnn_pipeline.cli import main as pipeline_main
 from qnn_quant.cli import main as quant_main
-from support.crafted_pt2 import first_size, touch_code, with_program_json
+from support.crafted_pt2 import ProgramEdit, guard_payload, sympy_payload, with_program_json
 from support.pipeline_runs import TINY_CNN
 from support.pte_variants import reseal
 from support.summary import read_summary
-
-Edit = Callable[[dict[str, Any]], None]
 
 
 @pytest.fixture(scope="module")
@@ -32,21 +29,7 @@ def prepared(tmp_path_factory: pytest.TempPathFactory) -> Path:
                      if s["name"] == "prepare"))
 
 
-def _sympy(marker: Path) -> Edit:
-    def edit(program: dict[str, Any]) -> None:
-        size = first_size(program)
-        size.clear()
-        size["as_expr"] = {"expr_str": f"{touch_code(marker)} + 0", "hint": {"as_int": 4}}
-    return edit
-
-
-def _guard(marker: Path) -> Edit:
-    def edit(program: dict[str, Any]) -> None:
-        program["guards_code"] = [touch_code(marker)]
-    return edit
-
-
-def _poisoned(prepared: Path, tmp_path: Path, edit: Edit) -> Path:
+def _poisoned(prepared: Path, tmp_path: Path, edit: ProgramEdit) -> Path:
     """A copy of `prepared` whose every method carries `edit`, re-sealed."""
     artifact = tmp_path / "prepared"
     shutil.copytree(prepared, artifact)
@@ -59,11 +42,12 @@ def _poisoned(prepared: Path, tmp_path: Path, edit: Edit) -> Path:
     return artifact
 
 
-@pytest.mark.parametrize(("payload", "says"), [(_sympy, "symbolic size"), (_guard, None)])
+@pytest.mark.parametrize(("payload", "says"),
+                         [(sympy_payload, "symbolic size"), (guard_payload, None)])
 @pytest.mark.parametrize("entry", ["qnn-quant", "qnn-pipeline --from"])
 def test_code_in_an_artifacts_method_never_runs(
     prepared: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
-    payload: Callable[[Path], Edit], says: str | None, entry: str,
+    payload: Callable[[Path], ProgramEdit], says: str | None, entry: str,
 ) -> None:
     marker = tmp_path / "marker"
     artifact = _poisoned(prepared, tmp_path, payload(marker))

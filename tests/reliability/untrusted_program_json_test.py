@@ -22,10 +22,11 @@ from qnn_common.errors import ArtifactError
 from qnn_common.torchio.programs import load_program
 from support.crafted_pt2 import (
     EXAMPLE_SHAPE,
-    first_size,
+    ProgramEdit,
     graph_nodes,
+    guard_payload,
     save_plain_program,
-    touch_code,
+    sympy_payload,
     with_program_json,
 )
 from support.pipeline_runs import child_env
@@ -38,21 +39,7 @@ def plain_pt2(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def _sympy_payload(marker: Path) -> Any:
-    def edit(program: dict[str, Any]) -> None:
-        size = first_size(program)
-        size.clear()
-        size["as_expr"] = {"expr_str": f"{touch_code(marker)} + 0", "hint": {"as_int": 4}}
-    return edit
-
-
-def _guard_payload(marker: Path) -> Any:
-    def edit(program: dict[str, Any]) -> None:
-        program["guards_code"] = [touch_code(marker)]
-    return edit
-
-
-def _target_payload(marker: Path) -> Any:
+def _target_payload(marker: Path) -> ProgramEdit:
     """The relu node becomes `torch.save(conv_output, marker)`: a file written by the graph."""
     def edit(program: dict[str, Any]) -> None:
         relu = graph_nodes(program)[-1]
@@ -69,7 +56,7 @@ def _target_payload(marker: Path) -> Any:
 
 def test_a_symbolic_size_runs_code_in_torch(plain_pt2: Path, tmp_path: Path) -> None:
     marker = tmp_path / "marker"
-    evil = with_program_json(plain_pt2, tmp_path / "evil.pt2", _sympy_payload(marker))
+    evil = with_program_json(plain_pt2, tmp_path / "evil.pt2", sympy_payload(marker))
     with contextlib.suppress(Exception):
         torch.export.load(evil)
     assert marker.exists(), "sympify no longer evaluates a .pt2's sizes: revisit program_json"
@@ -77,7 +64,7 @@ def test_a_symbolic_size_runs_code_in_torch(plain_pt2: Path, tmp_path: Path) -> 
 
 def test_a_symbolic_size_that_is_code_is_refused_unrun(plain_pt2: Path, tmp_path: Path) -> None:
     marker = tmp_path / "marker"
-    evil = with_program_json(plain_pt2, tmp_path / "evil.pt2", _sympy_payload(marker))
+    evil = with_program_json(plain_pt2, tmp_path / "evil.pt2", sympy_payload(marker))
     with pytest.raises(ArtifactError, match="symbolic size") as info:
         load_program(evil)
     assert "tensor_values.p_0_weight.sizes.0" in info.value.reason
@@ -86,7 +73,7 @@ def test_a_symbolic_size_that_is_code_is_refused_unrun(plain_pt2: Path, tmp_path
 
 def test_qnn_compile_of_it_is_one_error_line(plain_pt2: Path, tmp_path: Path) -> None:
     marker = tmp_path / "marker"
-    evil = with_program_json(plain_pt2, tmp_path / "evil.pt2", _sympy_payload(marker))
+    evil = with_program_json(plain_pt2, tmp_path / "evil.pt2", sympy_payload(marker))
     done = subprocess.run(
         [sys.executable, "-m", "qnn_compile.cli", str(evil), "-o", str(tmp_path / "out")],
         env=child_env(), capture_output=True, text=True, timeout=300, check=False,
@@ -103,7 +90,7 @@ def test_qnn_compile_of_it_is_one_error_line(plain_pt2: Path, tmp_path: Path) ->
 
 def test_guards_run_code_in_torch_on_every_forward(plain_pt2: Path, tmp_path: Path) -> None:
     marker = tmp_path / "marker"
-    evil = with_program_json(plain_pt2, tmp_path / "evil.pt2", _guard_payload(marker))
+    evil = with_program_json(plain_pt2, tmp_path / "evil.pt2", guard_payload(marker))
     module = torch.export.load(evil).module()
     assert not marker.exists()  # built, not yet run
     with contextlib.suppress(Exception):
@@ -113,7 +100,7 @@ def test_guards_run_code_in_torch_on_every_forward(plain_pt2: Path, tmp_path: Pa
 
 def test_guards_are_never_built_from_a_file(plain_pt2: Path, tmp_path: Path) -> None:
     marker = tmp_path / "marker"
-    evil = with_program_json(plain_pt2, tmp_path / "evil.pt2", _guard_payload(marker))
+    evil = with_program_json(plain_pt2, tmp_path / "evil.pt2", guard_payload(marker))
     program = load_program(evil)
     assert program._guards_code == []
     x = torch.randn(EXAMPLE_SHAPE)

@@ -156,3 +156,22 @@ def first_size(program: dict[str, Any]) -> dict[str, Any]:
 def graph_nodes(program: dict[str, Any]) -> list[dict[str, Any]]:
     nodes: list[dict[str, Any]] = program["graph_module"]["graph"]["nodes"]
     return nodes
+
+
+ProgramEdit = Callable[[dict[str, Any]], None]
+
+
+def sympy_payload(marker: Path) -> ProgramEdit:
+    """An edit making the first tensor size a sympy expression that writes `marker` when parsed."""
+    def edit(program: dict[str, Any]) -> None:
+        size = first_size(program)
+        size.clear()
+        size["as_expr"] = {"expr_str": f"{touch_code(marker)} + 0", "hint": {"as_int": 4}}
+    return edit
+
+
+def guard_payload(marker: Path) -> ProgramEdit:
+    """An edit adding a guard that writes `marker` when torch builds the program's guards."""
+    def edit(program: dict[str, Any]) -> None:
+        program["guards_code"] = [touch_code(marker)]
+    return edit
