@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -30,15 +31,30 @@ def continuation(encode: Callable[[str], list[int]], context: str, choice: str
     return ctx, whole[len(ctx):]
 
 
-def score_item(lm: StepLm, item: TaskItem, encode: Callable[[str], list[int]]
-               ) -> tuple[int, int]:
+@dataclass(frozen=True)
+class EncodedItem:
+    """An item's context ids and each choice's continuation ids (`continuation`), encoded once
+    for every model that scores it."""
+
+    context: list[int]
+    choices: list[list[int]]
+
+    def longest(self) -> int:
+        return len(self.context) + max(len(c) for c in self.choices)
+
+
+def encode_item(item: TaskItem, encode: Callable[[str], list[int]]) -> EncodedItem:
+    return EncodedItem(encode(item.context),
+                       [continuation(encode, item.context, choice)[1] for choice in item.choices])
+
+
+def score_item(lm: StepLm, item: TaskItem, encoded: EncodedItem) -> tuple[int, int]:
     """(acc's pick, acc_norm's pick) for one item: the context fed once, each choice continued
     from it (the cache past the context is rewritten by every choice)."""
-    ctx = encode(item.context)
+    ctx = encoded.context
     last = log_softmax(logits(lm, ctx))[-1]  # scores each choice's first token
     sums = []
-    for choice in item.choices:
-        _, cont = continuation(encode, item.context, choice)
+    for cont in encoded.choices:
         total = float(last[cont[0]])
         if len(cont) > 1:
             # Position i's logits score token i + 1: the choice's own tokens but its last.
@@ -61,9 +77,8 @@ def run_tasks(
     reference = models[0].name
     # An item whose context and longest choice pass the context cannot be scored: skipped.
     context = models[0].spec.context
-    fitting = [i for i, item in enumerate(items)
-               if all(len(c) + len(t) <= context
-                      for c, t in (continuation(encode, item.context, ch) for ch in item.choices))]
+    encoded = [encode_item(item, encode) for item in items]
+    fitting = [i for i, e in enumerate(encoded) if e.longest() <= context]
     if len(fitting) < len(items):
         log.warning("tasks: %d of %d items skipped, longer than the context of %d tokens",
                     len(items) - len(fitting), len(items), context)
@@ -76,7 +91,7 @@ def run_tasks(
             continue
         for model in models:
             if index in picked[model.name]:
-                picks[model.name][index] = score_item(model, item, encode)
+                picks[model.name][index] = score_item(model, item, encoded[index])
         if (index + 1) % 50 == 0 or index + 1 == len(items):
             log.info("tasks: %d of %d items scored", index + 1, len(items))
     out: dict[str, Any] = {}
