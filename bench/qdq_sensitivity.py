@@ -45,7 +45,7 @@ from qnn_common.stages import (
 from qnn_common.torchio.programs import load_methods
 from qnn_common.torchio.samples import load_samples
 from qnn_quant.fused_qdq import reference_module
-from qnn_quant.methods import module_runner
+from qnn_quant.method_modules import module_runner
 
 _FAKE_QUANT = torch.fake_quantize_per_tensor_affine
 JITTER = 1e-4

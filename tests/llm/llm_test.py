@@ -30,7 +30,7 @@ from qnn_prepare.causal_lm.attention_sink import sink_table
 from qnn_prepare.causal_lm.export import export_methods, load_causal_lm
 from qnn_prepare.causal_lm.kv_io import export_kv_io_methods, kv_layout
 from qnn_prepare.causal_lm.tiny_decoders import save_tiny_decoder
-from qnn_quant.methods import module_runner
+from qnn_quant.method_modules import module_runner
 
 PROMPT = "Once upon a time"
 SHAPES = {"max_seq_len": 48, "prefill_len": 8}

@@ -37,7 +37,7 @@ from qnn_pipeline.orchestrator import run_pipeline
 from qnn_prepare.causal_lm.smollm2 import save_smollm2
 from qnn_quant.api import run_quantize
 from qnn_quant.fused_qdq import reference_module
-from qnn_quant.methods import module_runner
+from qnn_quant.method_modules import module_runner
 
 SHAPES = {"max_seq_len": 64, "prefill_len": 16}
 

@@ -5,19 +5,17 @@ it for its report)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from pathlib import Path
 
 import torch
 
 from qnn_common.errors import ArtifactError
-from qnn_common.llm import DECODE, PREFILL, StepLm, method_steps
+from qnn_common.llm import StepLm, method_steps
 from qnn_common.sealing import load_manifest
 from qnn_common.stages import llm_spec_of, program_files, quantized_for, rope_of, sink_of
-from qnn_common.torchio.known_weights import buffers_written
 from qnn_common.torchio.programs import load_methods
 from qnn_quant.fused_qdq import fold_weight_dequantize, reference_module
-from qnn_quant.methods import module_runner
+from qnn_quant.method_modules import lm_modules, module_runner
 from qnn_quant.quantizers import dynamic_scale_per_row
 
 
@@ -33,34 +31,11 @@ def artifact_lm(artifact: Path, name: str) -> StepLm:
     if manifest.stage == "quantize":
         target, _ = quantized_for(artifact, manifest)
         per_row = dynamic_scale_per_row(target.backend)
-        modules = {m: reference_module(p, dynamic_per_row=per_row) for m, p in programs.items()}
+        modules = lm_modules(programs, lambda p: reference_module(p, dynamic_per_row=per_row))
         for module in modules.values():
             fold_weight_dequantize(module)
     else:
-        modules = {m: p.module() for m, p in programs.items()}
-    if spec.kv_layout is None:
-        share_state(modules, {fqn for p in programs.values() for fqn in buffers_written(p)})
+        modules = lm_modules(programs, torch.export.ExportedProgram.module)
     prefill, decode = method_steps(spec, module_runner(modules, spec),
                                    rope_of(artifact, manifest), sink_of(artifact, manifest))
     return StepLm(name, prefill, decode, spec)
-
-
-def share_state(modules: Mapping[str, torch.nn.Module], written: set[str]) -> int:
-    """Make decode's written buffers (its KV cache) prefill's very tensors, as the .pte shares
-    them (`share_mutable_buffers`): each method's module, made apart, holds its own copy, and a
-    decode step would read an empty cache after prefill wrote the prompt into its own. Returns
-    how many buffers are shared."""
-    if PREFILL not in modules or DECODE not in modules:
-        return 0
-    source, dest = modules[PREFILL], modules[DECODE]
-    theirs = dict(source.named_buffers())
-    shared = 0
-    for fqn, mine in list(dest.named_buffers()):
-        other = theirs.get(fqn)
-        if fqn not in written or other is None or other.shape != mine.shape:
-            continue
-        owner, _, leaf = fqn.rpartition(".")
-        holder = dest.get_submodule(owner) if owner else dest
-        holder.register_buffer(leaf, other, persistent=False)
-        shared += 1
-    return shared

@@ -21,14 +21,12 @@ import torch
 from torch.export import ExportedProgram
 from tqdm import tqdm
 
-from qnn_common.cli.noise import native_noise_filtered
 from qnn_common.config import DEFAULT_LPBQ_BLOCK
 from qnn_common.errors import StageError
 from qnn_common.llm import (
     DECODE,
     PREFILL,
     LlmSpec,
-    MethodRunner,
     SinkTable,
     feed,
     method_steps,
@@ -50,6 +48,7 @@ from qnn_common.torchio.programs import share_equal_weights
 from qnn_quant.gptq import GptqResult
 from qnn_quant.intx import IntxResult, four_bit_linears, quantize_methods_8da4w
 from qnn_quant.layers import module_path, plan_layers
+from qnn_quant.method_modules import module_runner, share_state, written_buffers
 from qnn_quant.pt2e import (
     convert_program,
     float_graph,
@@ -61,20 +60,6 @@ from qnn_quant.weight_rounding import calibrate_with_rounding, round_before_prep
 
 _STAGE = "quantize"
 log = logging.getLogger(__name__)
-
-
-def module_runner(modules: Mapping[str, torch.nn.Module], spec: LlmSpec) -> MethodRunner:
-    """Run the methods' exported modules (as `ExportedProgram.module()` gives them) the way the
-    .pte runs: a KV-as-IO program positionally, a static-cache one by keyword."""
-
-    def run(method: str, inputs: Sequence[torch.Tensor]) -> Sequence[torch.Tensor]:
-        module = modules[method]
-        with torch.no_grad(), native_noise_filtered():
-            if spec.kv_layout is None:
-                return [module(input_ids=inputs[0], cache_position=inputs[1])]
-            return list(module(*inputs))
-
-    return run
 
 
 def quantize_causal_lm(
@@ -141,7 +126,9 @@ def quantize_causal_lm(
             for module in modules.values():
                 _reset_cache(module)
 
+    written = written_buffers(programs)
     graphs = {method: float_graph(ep, target.backend) for method, ep in programs.items()}
+    share_state(graphs, written)
     plans = {
         method: plan_layers(gm, target, recipe, keep_float, dynamic_layers)
         for method, gm in graphs.items()
@@ -159,6 +146,7 @@ def quantize_causal_lm(
         )
         for method, ep in programs.items()
     }
+    share_state(prepared, written)
     result = calibrate_with_rounding(
         prepared, lambda: calibrate(prepared, "calibrate"), recipe=recipe, rounding=rounding,
         bits=bits, rounded=rounded,

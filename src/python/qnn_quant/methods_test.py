@@ -16,7 +16,8 @@ from qnn_common.soc import lookup_soc
 from qnn_common.target import Target
 from qnn_quant.fused_qdq import reference_module
 from qnn_quant.layers import plan_layers
-from qnn_quant.methods import module_runner, quantize_causal_lm, share_observers
+from qnn_quant.method_modules import module_runner
+from qnn_quant.methods import quantize_causal_lm, share_observers
 from qnn_quant.pt2e import float_graph, prepare_program
 
 HTP = Target(Backend.QNN, lookup_soc("SM8650"))

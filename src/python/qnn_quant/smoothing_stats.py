@@ -13,6 +13,7 @@ import torch
 from torch.export import ExportedProgram
 
 from qnn_common.llm import LlmSpec, feed, method_steps
+from qnn_quant.method_modules import module_runner, share_state, written_buffers
 from qnn_quant.smoothed_blocks import (
     MAX_ROWS,
     BlockScale,
@@ -57,8 +58,6 @@ def choose_block_scales(
     """One factor per smoothable input of the methods (keyed by its first divided constant),
     from their float run on the first TEXTS `calibration` texts (`reset`: empties a module's
     cache between texts)."""
-    from qnn_quant.methods import module_runner
-
     t = time.perf_counter()
     rows = _Rows()
     modules: dict[str, torch.fx.GraphModule] = {}
@@ -72,6 +71,7 @@ def choose_block_scales(
                 gm.graph.call_function(rows.recorder(divided), (x,))
         gm.recompile()
         modules[method] = gm
+    share_state(modules, written_buffers(programs))
     texts = list(calibration[:TEXTS])
     prefill, decode = method_steps(spec, module_runner(modules, spec), rope)
     for sequence in texts:

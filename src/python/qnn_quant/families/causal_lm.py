@@ -25,7 +25,8 @@ from qnn_common.stages import (
 from qnn_common.torchio.samples import load_samples
 from qnn_quant.families import Quantized
 from qnn_quant.fused_qdq import reference_module
-from qnn_quant.methods import module_runner, quantize_causal_lm
+from qnn_quant.method_modules import lm_modules, module_runner
+from qnn_quant.methods import quantize_causal_lm
 from qnn_quant.quantizers import dynamic_scale_per_row
 
 log = logging.getLogger(__name__)
@@ -58,9 +59,7 @@ def quantize(
 
     t = time.perf_counter()
     per_row = dynamic_scale_per_row(cfg.backend)
-    modules = {
-        m: reference_module(program, dynamic_per_row=per_row) for m, program in quantized.items()
-    }
+    modules = lm_modules(quantized, lambda p: reference_module(p, dynamic_per_row=per_row))
     fake_quant = teacher_forced_logits(
         *method_steps(spec, module_runner(modules, spec), rope, sink), eval_tokens, spec
     )
