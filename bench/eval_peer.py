@@ -90,6 +90,11 @@ def main() -> None:
                    "is the reference)")
     p.add_argument("--llama-cpp-python", metavar="PYTHON",
                    help="an interpreter with llama-cpp-python: add llama.cpp's row")
+    p.add_argument("--weights-only", action="store_true",
+                   help="add each run's fake-quantized model with its activations in float: "
+                   "what the recipe's weights alone cost")
+    p.add_argument("--no-program", action="store_true",
+                   help="score no program (a slow one: the HTP emulator)")
     p.add_argument("--tokens", type=int, default=20480, help="corpus tokens to score")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--json", type=Path, help="write the figures here too")
@@ -104,6 +109,13 @@ def main() -> None:
         if Stage.QUANTIZE.value in arts:
             fake = artifact_lm(arts[Stage.QUANTIZE.value], "fake_quant")
             candidates[f"{run.name}: fake quant"] = partial(logits, fake)
+            if args.weights_only:
+                weights = artifact_lm(arts[Stage.QUANTIZE.value], "weights only",
+                                      weights_only=True)
+                candidates[f"{run.name}: fake quant, float activations"] = partial(
+                    logits, weights)
+        if args.no_program:
+            continue
         program, pte = program_lm(arts[Stage.COMPILE.value])
         closers.append(pte.close)
         candidates[f"{run.name}: program"] = partial(logits, program)

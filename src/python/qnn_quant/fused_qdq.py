@@ -30,6 +30,7 @@ pairs its backend pattern-matches.
 from __future__ import annotations
 
 import operator
+from collections.abc import Callable
 
 import torch
 
@@ -104,6 +105,12 @@ def fuse_qdq_pairs(gm: torch.fx.GraphModule, *, dynamic_per_row: bool = False) -
     return fused
 
 
+# What `fuse_qdq_pairs` makes of an activation's quantize -> dequantize pair.
+_FUSED: tuple[Callable[..., torch.Tensor], ...] = (
+    torch.fake_quantize_per_tensor_affine, fake_quantize_per_row, fake_quantize_tensor_qparams,
+)
+
+
 def _pair(dq: torch.fx.Node) -> tuple[object, ...] | None:
     """(x, scale, zero point, quant_min, quant_max) if `dq` dequantizes a quantize of x with the
     same parameters, in either overload (`.default`: constants; `.tensor`: run-time qparams)."""
@@ -119,6 +126,46 @@ def _pair(dq: torch.fx.Node) -> tuple[object, ...] | None:
             return None
         return tuple(q.args[:5])
     return None
+
+
+def float_activations(
+    gm: torch.fx.GraphModule, where: Callable[[torch.fx.Node], bool] = lambda node: True,
+) -> int:
+    """Leave in float the activations whose fused rounding `where` selects (every one by
+    default), in place: each reader reads the unrounded input instead. Weights keep their
+    quantization (a weight's rounding reads a constant), so the result says what the weights
+    alone cost; a diagnostic (`bench/eval_peer.py --weights-only`), never a program. Returns
+    how many roundings were skipped."""
+    skipped = 0
+    for node in list(gm.graph.nodes):
+        source = _rounded_activation(node)
+        if source is None or not where(node):
+            continue
+        node.replace_all_uses_with(source)
+        skipped += 1
+    if skipped:
+        gm.graph.eliminate_dead_code()
+        gm.recompile()
+    return skipped
+
+
+def _rounded_activation(node: torch.fx.Node) -> torch.fx.Node | None:
+    """The float input `node` rounds, if it is an activation's rounding: a fused pair, or an
+    8da4w activation's `dequantize_affine(quantize_affine(x))` (torchao's ops, unfused)."""
+    if node.op != "call_function":
+        return None
+    if node.target in _FUSED:
+        source = node.args[0]
+    elif str(node.target) == "torchao.dequantize_affine.default":
+        q = node.args[0]
+        if not isinstance(q, torch.fx.Node) or str(q.target) != "torchao.quantize_affine.default":
+            return None
+        source = q.args[0]
+    else:
+        return None
+    if not isinstance(source, torch.fx.Node) or source.op == "get_attr":
+        return None  # a weight's
+    return source
 
 
 def _erase_unread(gm: torch.fx.GraphModule) -> None:

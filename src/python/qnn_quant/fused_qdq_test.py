@@ -8,7 +8,7 @@ import torch
 from qnn_common.recipes import Backend, Recipe
 from qnn_common.soc import lookup_soc
 from qnn_common.target import Target
-from qnn_quant.fused_qdq import fuse_qdq_pairs, reference_module
+from qnn_quant.fused_qdq import float_activations, fuse_qdq_pairs, reference_module
 from qnn_quant.pt2e import quantize_program
 
 
@@ -79,3 +79,36 @@ def test_dynamic_pairs_per_row_leave_no_qparams_to_compute() -> None:
         ref = fp32.module()(*samples[0])
         out = per_row(*samples[0])
     assert torch.nn.functional.cosine_similarity(ref.flatten(), out.flatten(), dim=0) > 0.99
+
+
+def test_float_activations_leaves_only_the_weights_rounded() -> None:
+    torch.manual_seed(1126)
+    samples = [(3 * torch.randn(8, 16),) for _ in range(6)]
+    fp32 = torch.export.export(_Block().eval(), samples[0], strict=False)
+    program = quantize_program(fp32, target=Target(Backend.XNNPACK), recipe=Recipe.A8W8,
+                               calibration=samples[:4], progress=False)
+    fused, weights_only = reference_module(program), reference_module(program)
+    roundings = sum(n.target is torch.fake_quantize_per_tensor_affine for n in fused.graph.nodes)
+    assert roundings >= 4
+    assert float_activations(weights_only) == roundings
+    targets = [str(n.target) for n in weights_only.graph.nodes if n.op == "call_function"]
+    assert not any("fake_quantize" in t for t in targets)
+    assert any("dequantize_per_channel" in t for t in targets), "the weights stay quantized"
+    with torch.no_grad():
+        x = samples[5][0]
+        ref, all_rounded, weights_rounded = fp32.module()(x), fused(x), weights_only(x)
+    weight_error = (weights_rounded - ref).abs().mean()
+    assert 0 < weight_error < (all_rounded - ref).abs().mean()
+
+
+def test_float_activations_where_selects() -> None:
+    torch.manual_seed(1126)
+    samples = [(3 * torch.randn(8, 16),) for _ in range(4)]
+    fp32 = torch.export.export(_Block().eval(), samples[0], strict=False)
+    program = quantize_program(fp32, target=Target(Backend.XNNPACK), recipe=Recipe.A8W8,
+                               calibration=samples, progress=False)
+    gm = reference_module(program)
+    before = sum(n.target is torch.fake_quantize_per_tensor_affine for n in gm.graph.nodes)
+    skipped = float_activations(gm, lambda node: "relu" in str(node.args[0]))
+    after = sum(n.target is torch.fake_quantize_per_tensor_affine for n in gm.graph.nodes)
+    assert skipped == 1 and after == before - 1

@@ -215,3 +215,22 @@ def test_folding_the_weights_dequantize_keeps_every_bit() -> None:
     assert dequantize_ops() == dequantized - 2
     with torch.no_grad():
         assert torch.equal(gm(x), before)
+
+
+def test_weights_on_a_q4_1_grid_cost_nothing_with_asymmetric_groups() -> None:
+    """With its activations left in float (`float_activations`), a model whose weights are on
+    GGUF Q4_1's grid computes what the float model does: what 8da4w loses on such a model
+    (SmolLM2's GGUF) is its activations' rounding, per token, not its weights'."""
+    from qnn_quant.fused_qdq import float_activations, fold_weight_dequantize, reference_module
+
+    program, reference, fake_quant, _ = _quantize(GroupMapping.ASYMMETRIC, int8_weights=())
+    torch.manual_seed(0)
+    _Decoderish().eval()  # _quantize's draws, for the same x below
+    x = torch.randn(2, 7, 64)
+    gm = reference_module(program, dynamic_per_row=True)
+    fold_weight_dequantize(gm)
+    assert float_activations(gm) == 2  # each linear's input
+    with torch.no_grad():
+        weights_only = gm(x)
+    exact = sqnr_db(reference, weights_only)
+    assert exact > 90 and sqnr_db(reference, fake_quant) < exact - 30

@@ -14,14 +14,15 @@ from qnn_common.llm import StepLm, method_steps
 from qnn_common.sealing import load_manifest
 from qnn_common.stages import llm_spec_of, program_files, quantized_for, rope_of, sink_of
 from qnn_common.torchio.programs import load_methods
-from qnn_quant.fused_qdq import fold_weight_dequantize, reference_module
+from qnn_quant.fused_qdq import float_activations, fold_weight_dequantize, reference_module
 from qnn_quant.method_modules import lm_modules, module_runner
 from qnn_quant.quantizers import dynamic_scale_per_row
 
 
-def artifact_lm(artifact: Path, name: str) -> StepLm:
+def artifact_lm(artifact: Path, name: str, *, weights_only: bool = False) -> StepLm:
     """The causal LM in a prepare artifact (its float methods) or a quantize artifact (its
-    fake-quantized ones) as steps named `name`."""
+    fake-quantized ones) as steps named `name`; `weights_only`: a quantize artifact's with its
+    activations left in float (`fused_qdq.float_activations`), what the weights alone cost."""
     manifest = load_manifest(artifact)
     spec = llm_spec_of(artifact, manifest)
     if spec is None:
@@ -34,6 +35,8 @@ def artifact_lm(artifact: Path, name: str) -> StepLm:
         modules = lm_modules(programs, lambda p: reference_module(p, dynamic_per_row=per_row))
         for module in modules.values():
             fold_weight_dequantize(module)
+            if weights_only:
+                float_activations(module)
     else:
         modules = lm_modules(programs, torch.export.ExportedProgram.module)
     prefill, decode = method_steps(spec, module_runner(modules, spec),
