@@ -5,6 +5,7 @@ damaged program fails the gates with a message naming the figures."""
 from __future__ import annotations
 
 import json
+import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 from typing import Any
 
@@ -15,17 +16,19 @@ import torch
 from qnn_common.config import Stage
 from qnn_common.gates import EvalGates
 from qnn_common.llm import StepLm
-from qnn_common.lm_metrics import log_softmax
+from qnn_common.lm_metrics import log_softmax, score_window
 from qnn_common.recipes import Recipe
+from qnn_infer.evaluation.blocks import block_errors
 from qnn_infer.evaluation.data import shipped, with_eval_file
 from qnn_infer.evaluation.harness import Suite, evaluate
 from qnn_infer.evaluation.lm import continued, logits
 from qnn_infer.evaluation.program import artifact_text, program_lm
-from qnn_infer.evaluation.report import gate_failures
+from qnn_infer.evaluation.report import BLOCKS_SVG, gate_failures
 from qnn_infer.evaluation.tasks import continuation
 from qnn_pipeline.context import PipelineContext
 from qnn_pipeline.evaluation import EVAL_JSON, EVAL_MD, EvalRequest
 from qnn_pipeline.orchestrator import run_pipeline
+from qnn_quant.block_taps import BlockTap
 from qnn_quant.lm_steps import artifact_lm
 
 SUITE = Suite("test", corpus_tokens=192, prompts=4, tasks=6, new_tokens=6)
@@ -41,6 +44,19 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         infer={"generation": {"prompt": "Once upon a time", "max_new_tokens": 4}},
     )
     result = run_pipeline(ctx, evaluation=EvalRequest(SUITE)).checked()
+    return {"out": out, "summary": result.summary}
+
+
+@pytest.fixture(scope="module")
+def quantized(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    out = tmp_path_factory.mktemp("eval-8a8w")
+    ctx = PipelineContext.create(
+        "tiny-llama", recipe="8a8w", out_dir=out,
+        prepare={"kv_cache": True, "calibration_samples": 4, "eval_samples": 2,
+                 "max_seq_len": 48, "prefill_len": 8, "seed": 1126},
+        infer={"generation": {"prompt": "Once upon a time", "max_new_tokens": 4}},
+    )
+    result = run_pipeline(ctx, evaluation=EvalRequest(SUITE, gates=None)).checked()
     return {"out": out, "summary": result.summary}
 
 
@@ -161,3 +177,47 @@ def test_the_users_eval_file_replaces_what_it_holds(run: dict[str, Any], tmp_pat
     # The fp32 reference's pick is the program's: same weights, same arithmetic.
     assert evaluation["tasks"]["models"]["program"]["same_pick_as_reference"] == 100.0
     assert np.isfinite(evaluation["corpus"]["candidates"]["program"]["kl_divergence"]["mean"])
+
+
+def test_the_fake_quant_models_error_is_traced_block_by_block(quantized: dict[str, Any]) -> None:
+    evaluation = json.loads((quantized["out"] / EVAL_JSON).read_text())
+    assert evaluation["models"] == ["fp32", "fake_quant", "program"]
+    traced = evaluation["blocks"]
+    assert (traced["reference"], traced["model"]) == ("fp32", "fake_quant")
+    assert traced["tokens"] == evaluation["corpus"]["tokens"]  # fewer than block_tokens
+    rows = traced["blocks"]
+    assert [r["block"] for r in rows] == list(range(len(rows))) and len(rows) >= 2
+    # Rounded, so not exact (200 dB, the ceiling); and still the signal, not noise (8a8w costs
+    # tiny-llama much: 1.6 nats of KL divergence at the logits).
+    assert all(0 < r["sqnr_db"] < 100 for r in rows), rows
+    svg = ElementTree.parse(quantized["out"] / BLOCKS_SVG).getroot()
+    assert sum(e.tag.endswith("circle") for e in svg.iter()) == len(rows)
+    assert "## Where the error enters" in (quantized["out"] / EVAL_MD).read_text()
+
+
+def test_the_float_model_traced_against_itself_is_exact(run: dict[str, Any]) -> None:
+    prepared = _artifact(run["summary"], Stage.PREPARE)
+    taps = (BlockTap(), BlockTap())
+    one, other = (artifact_lm(prepared, name, tap=tap)
+                  for name, tap in zip(("fp32", "again"), taps, strict=True))
+    text = artifact_text(_artifact(run["summary"], Stage.COMPILE), one)
+    ids = text.encode("Alice was beginning to get very tired of sitting by her sister")[:40]
+    traced = block_errors(one, taps[0], other, taps[1], [ids])
+    assert traced["blocks"] and all(r["sqnr_db"] == 200.0 for r in traced["blocks"])
+
+
+def test_weights_only_is_what_the_weights_alone_cost(quantized: dict[str, Any]) -> None:
+    """The fake-quant model with its activations in float sits between fp32 and the fake
+    quant: the weights' rounding is in it, the activations' is not."""
+    summary = quantized["summary"]
+    fp32 = artifact_lm(_artifact(summary, Stage.PREPARE), "fp32")
+    fake = artifact_lm(_artifact(summary, Stage.QUANTIZE), "fake_quant")
+    weights = artifact_lm(_artifact(summary, Stage.QUANTIZE), "weights", weights_only=True)
+    text = artifact_text(_artifact(summary, Stage.COMPILE), fp32)
+    ids = text.encode("Alice was beginning to get very tired of sitting by her sister")[:40]
+    ref = logits(fp32, ids)
+
+    def kl(lm: StepLm) -> float:
+        return float(score_window(ref, logits(lm, ids), ids).kl.mean())
+
+    assert 0 < kl(weights) < kl(fake)

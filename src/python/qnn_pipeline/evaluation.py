@@ -20,8 +20,16 @@ from qnn_common.store.atomic import atomic_write_text
 from qnn_infer.evaluation.data import shipped, with_eval_file
 from qnn_infer.evaluation.harness import SLOW_PROGRAM, Suite, evaluate
 from qnn_infer.evaluation.program import artifact_text, program_lm
-from qnn_infer.evaluation.report import EvalGateError, answer_drop, gate_failures, markdown
+from qnn_infer.evaluation.report import (
+    BLOCKS_SVG,
+    EvalGateError,
+    answer_drop,
+    blocks_svg,
+    gate_failures,
+    markdown,
+)
 from qnn_pipeline.summary import StageRecord
+from qnn_quant.block_taps import BlockTap
 from qnn_quant.lm_steps import artifact_lm
 
 log = logging.getLogger(__name__)
@@ -56,9 +64,12 @@ def run_evaluation(
         data = with_eval_file(data, request.eval_file)
     handles = []
     try:
-        models = [artifact_lm(dirs[Stage.PREPARE], "fp32")]
+        taps = {"fp32": BlockTap()}
+        models = [artifact_lm(dirs[Stage.PREPARE], "fp32", tap=taps["fp32"])]
         if Stage.QUANTIZE in dirs:
-            models.append(artifact_lm(dirs[Stage.QUANTIZE], "fake_quant"))
+            taps["fake_quant"] = BlockTap()
+            models.append(artifact_lm(dirs[Stage.QUANTIZE], "fake_quant",
+                                      tap=taps["fake_quant"]))
         program, pte = program_lm(dirs[Stage.COMPILE])
         handles.append(pte)
         models.append(program)
@@ -67,7 +78,7 @@ def run_evaluation(
         slow = {"program": SLOW_PROGRAM} if backend is Backend.QNN else {}
         log.info("evaluation (%s): %s", request.suite.name, ", ".join(m.name for m in models))
         with native_noise_filtered():
-            evaluation = evaluate(models, data, request.suite, text, slow)
+            evaluation = evaluate(models, data, request.suite, text, slow, taps)
     finally:
         for handle in handles:
             handle.close()
@@ -80,6 +91,8 @@ def run_evaluation(
     out_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out_dir / EVAL_JSON, json.dumps(evaluation, indent=1) + "\n")
     title = f"Evaluation: {recipe.value} on {backend.value}"
+    if evaluation.get("blocks", {}).get("blocks"):
+        atomic_write_text(out_dir / BLOCKS_SVG, blocks_svg(evaluation["blocks"]))
     atomic_write_text(out_dir / EVAL_MD, markdown(evaluation, title, failures))
     error = EvalGateError(out_dir / EVAL_MD, failures) if failures else None
     return headline(evaluation, out_dir / EVAL_MD), error

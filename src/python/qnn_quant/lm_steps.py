@@ -14,15 +14,18 @@ from qnn_common.llm import StepLm, method_steps
 from qnn_common.sealing import load_manifest
 from qnn_common.stages import llm_spec_of, program_files, quantized_for, rope_of, sink_of
 from qnn_common.torchio.programs import load_methods
+from qnn_quant.block_taps import BlockTap
 from qnn_quant.fused_qdq import float_activations, fold_weight_dequantize, reference_module
 from qnn_quant.method_modules import lm_modules, module_runner
 from qnn_quant.quantizers import dynamic_scale_per_row
 
 
-def artifact_lm(artifact: Path, name: str, *, weights_only: bool = False) -> StepLm:
+def artifact_lm(artifact: Path, name: str, *, weights_only: bool = False,
+                tap: BlockTap | None = None) -> StepLm:
     """The causal LM in a prepare artifact (its float methods) or a quantize artifact (its
     fake-quantized ones) as steps named `name`; `weights_only`: a quantize artifact's with its
-    activations left in float (`fused_qdq.float_activations`), what the weights alone cost."""
+    activations left in float (`fused_qdq.float_activations`), what the weights alone cost;
+    `tap`: attached to every method, to record each decoder block's output."""
     manifest = load_manifest(artifact)
     spec = llm_spec_of(artifact, manifest)
     if spec is None:
@@ -39,6 +42,10 @@ def artifact_lm(artifact: Path, name: str, *, weights_only: bool = False) -> Ste
                 float_activations(module)
     else:
         modules = lm_modules(programs, torch.export.ExportedProgram.module)
+    if tap is not None:
+        for module in modules.values():
+            assert isinstance(module, torch.fx.GraphModule)
+            tap.attach(module)
     prefill, decode = method_steps(spec, module_runner(modules, spec),
                                    rope_of(artifact, manifest), sink_of(artifact, manifest))
     return StepLm(name, prefill, decode, spec)

@@ -295,3 +295,62 @@ def test_eval_md_holds_the_three_tables_and_the_divergences() -> None:
     assert row in text
     assert "## Prompt suite" in text and "## Tasks" in text
     assert "- **q**, 'p1': after 1 same tokens, margin 1.500" in text
+
+
+class _ListTap:
+    """A tap that records one fixed tensor per block at every step the model runs."""
+
+    def __init__(self, outputs: dict[int, Any]) -> None:
+        self.active = False
+        self.outputs = outputs
+        self.recorded: dict[int, list[Any]] = {}
+
+    def step(self) -> None:
+        if self.active:
+            for block, value in self.outputs.items():
+                self.recorded.setdefault(block, []).append(value)
+
+    def take(self) -> dict[int, list[Any]]:
+        out, self.recorded = self.recorded, {}
+        return out
+
+
+def test_block_errors_are_each_blocks_snr_and_its_fall(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    from qnn_infer.evaluation import blocks
+
+    ref = _ListTap({0: torch.tensor([3.0, 4.0]), 1: torch.tensor([3.0, 4.0]),
+                    2: torch.ones(3)})
+    # Block 0 off by 0.5 in one value (noise 0.25 against signal 25: 20 dB), block 1 by 5 (0 dB);
+    # block 2 recorded in another shape by the model: left out.
+    mine = _ListTap({0: torch.tensor([3.0, 4.5]), 1: torch.tensor([3.0, 9.0]),
+                     2: torch.ones(2)})
+    taps = {"fp32": ref, "q": mine}
+    monkeypatch.setattr(blocks, "logits", lambda lm, ids: taps[lm.name].step())
+    out = blocks.block_errors(_lm("fp32"), ref, _lm("q"), mine, [[1, 2], [3]])
+    assert out["tokens"] == 3 and out["windows"] == 2
+    assert out["blocks"] == [{"block": 0, "sqnr_db": 20.0, "fell_db": None},
+                             {"block": 1, "sqnr_db": 0.0, "fell_db": 20.0}]
+    assert blocks.worst_blocks(out) == [out["blocks"][1]]
+    assert not ref.active and not mine.active  # taps record only while a window runs
+
+
+def test_the_block_chart_is_svg_with_a_point_per_block() -> None:
+    import xml.etree.ElementTree as ElementTree
+
+    from qnn_infer.evaluation.report import blocks_svg
+
+    errors = {"model": "fake_quant", "reference": "fp32", "tokens": 10, "windows": 1,
+              "blocks": [{"block": i, "sqnr_db": 40.0 - 3 * i, "fell_db": None if i == 0
+                          else 3.0} for i in range(5)]}
+    root = ElementTree.fromstring(blocks_svg(errors))
+    assert root.tag.endswith("svg")
+    circles = [e for e in root.iter() if e.tag.endswith("circle")]
+    assert len(circles) == 5
+    ys = [float(c.attrib["cy"]) for c in circles]
+    assert ys == sorted(ys)  # SVG's y grows downward: a falling SQNR goes down the chart
+    text = markdown({**_evaluation(0.05, 95.0, (1.05, 1.01, 1.09), [True]), "blocks": errors},
+                    "Evaluation of q")
+    assert "## Where the error enters" in text and "![SQNR by block](eval-blocks.svg)" in text
+    assert "| 4 | 28.00 | +3.00 |" in text

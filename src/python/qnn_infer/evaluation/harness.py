@@ -11,6 +11,7 @@ from typing import Any
 
 from qnn_common.errors import ConfigValidationError
 from qnn_common.llm import StepLm
+from qnn_infer.evaluation.blocks import Tap, block_errors
 from qnn_infer.evaluation.corpus import MAX_WINDOW, score_corpus, windows
 from qnn_infer.evaluation.data import EvalData, spread
 from qnn_infer.evaluation.prompts import run_prompts
@@ -28,6 +29,8 @@ class Suite:
     prompts: int | None
     tasks: int | None
     new_tokens: int = 32
+    # Corpus tokens (the first windows) over which each decoder block's error is traced.
+    block_tokens: int = 512
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -35,7 +38,7 @@ class Suite:
 
 SUITES = {
     "quick": Suite("quick", corpus_tokens=2048, prompts=10, tasks=40),
-    "full": Suite("full", corpus_tokens=None, prompts=None, tasks=None),
+    "full": Suite("full", corpus_tokens=None, prompts=None, tasks=None, block_tokens=2048),
 }
 # What a slow program (the HTP emulator's) reads of a suite, the references reading it all.
 SLOW_PROGRAM = Suite("slow program", corpus_tokens=2048, prompts=10, tasks=40)
@@ -60,10 +63,12 @@ class Text:
 
 def evaluate(
     models: Sequence[StepLm], data: EvalData, suite: Suite, text: Text,
-    slow: Mapping[str, Suite] | None = None,
+    slow: Mapping[str, Suite] | None = None, taps: Mapping[str, Tap] | None = None,
 ) -> dict[str, Any]:
     """The three measurements, every model after the first against the first (the float
-    model). A model named in `slow` reads that suite's share where it is smaller."""
+    model). A model named in `slow` reads that suite's share where it is smaller. With `taps`
+    for the reference and another model (by name), each decoder block's error of that model
+    too (`blocks.block_errors`), over the suite's `block_tokens`."""
     if len(models) < 2:
         raise ValueError("an evaluation needs a reference and at least one model to compare")
     slow = slow or {}
@@ -78,6 +83,20 @@ def evaluate(
     corpus = score_corpus(models[0], models[1:], cut, _limits(slow, "corpus_tokens", suite))
     out["corpus"] = {**corpus.to_json(), "window": length}
     seconds["corpus"] = time.perf_counter() - t
+
+    taps = taps or {}
+    traced = [m for m in models[1:] if m.name in taps]
+    if models[0].name in taps and traced:
+        t = time.perf_counter()
+        first, total = [], 0
+        for ids in cut:
+            if total >= suite.block_tokens:
+                break
+            first.append(ids)
+            total += len(ids)
+        out["blocks"] = block_errors(models[0], taps[models[0].name], traced[0],
+                                     taps[traced[0].name], first)
+        seconds["blocks"] = time.perf_counter() - t
 
     t = time.perf_counter()
     prompts = spread(data.prompts, suite.prompts)

@@ -9,6 +9,8 @@ from typing import Any
 from qnn_common.errors import PipelineError
 from qnn_common.gates import NEXT_RECIPE, EvalGates
 from qnn_common.recipes import Recipe
+from qnn_infer.evaluation.blocks import worst_blocks
+from qnn_infer.evaluation.plot import line_svg
 
 
 def gate_failures(
@@ -136,10 +138,40 @@ def markdown(evaluation: dict[str, Any], title: str, failures: list[str] | None 
         by = ", ".join(f"{k} {v}" for k, v in t["by_task"].items())
         lines.append(f"| {name} | {t['items']} | {t['acc']} | {t['acc_norm']} | "
                      f"{t['reference_acc']} | {t['same_pick_as_reference']} | {by} |")
+    lines += _blocks(evaluation.get("blocks"))
     lines += _divergences(prompts)
     lines += ["", "Seconds: " + ", ".join(f"{k} {v}" for k, v in evaluation["seconds"].items()),
               ""]
     return "\n".join(lines)
+
+
+BLOCKS_SVG = "eval-blocks.svg"
+
+
+def _blocks(errors: dict[str, Any] | None) -> list[str]:
+    if not errors or not errors["blocks"]:
+        return []
+    worst = worst_blocks(errors)
+    lines = ["", f"## Where the error enters: each decoder block's output, {errors['model']} "
+             f"against {errors['reference']}", "",
+             f"Over the first {errors['tokens']} corpus tokens ({errors['windows']} windows). "
+             "SQNR of the block's output (the residual stream) in dB; a block after which it "
+             "falls much is where the recipe loses, a steady slope is error carried forward. "
+             "Fell most after: "
+             + ", ".join(f"block {r['block']} ({r['fell_db']:+.1f} dB)" for r in worst) + ".",
+             "", f"![SQNR by block]({BLOCKS_SVG})", "",
+             "| block | SQNR dB | fell dB |", "|---|---|---|"]
+    for r in errors["blocks"]:
+        fell = "" if r["fell_db"] is None else f"{r['fell_db']:+.2f}"
+        lines.append(f"| {r['block']} | {r['sqnr_db']:.2f} | {fell} |")
+    return lines
+
+
+def blocks_svg(errors: dict[str, Any]) -> str:
+    """The per-block SQNR as a line chart (eval.md links it as BLOCKS_SVG)."""
+    return line_svg([(r["block"], r["sqnr_db"]) for r in errors["blocks"]],
+                    title=f"{errors['model']} against {errors['reference']}, per decoder block",
+                    x_label="decoder block", y_label="output SQNR (dB)")
 
 
 def _skipped(part: dict[str, Any], what: str) -> list[str]:
