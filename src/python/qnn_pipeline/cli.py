@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -58,6 +59,8 @@ EPILOG = """examples:
                                                    # a matrix on Ray: qnn-pipeline sweep --help
 
 """
+
+log = logging.getLogger(__name__)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -164,6 +167,10 @@ def context_from_args(args: argparse.Namespace) -> PipelineContext:
     skip = list(args.skip or [])
     if args.from_artifact is not None and recipe in (None, Recipe.FP32.value, Recipe.FP16.value):
         skip.append(Stage.QUANTIZE.value)
+        if recipe is None:
+            log.warning("--from %s names no recipe and records none: the float model is "
+                        "compiled and quantize is skipped; pass --recipe (e.g. 8a8w) to "
+                        "quantize it", args.from_artifact)
     generation = generation_values(args)
     overrides: dict[str, dict[str, Any]] = {
         "pipeline": {

@@ -115,3 +115,17 @@ def test_eval_is_checked_before_any_stage(tmp_path: Path) -> None:
     bad.write_text('{"prompt": 3}\n', encoding="utf-8")
     with pytest.raises(ArtifactError, match="line 1: 'prompt' must be a non-empty string"):
         request(*llm, "--eval", "quick", "--eval-file", str(bad))
+
+
+def test_from_an_artifact_without_a_recipe_says_it_skips_quantize(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level("WARNING", logger="qnn_pipeline.cli"):
+        ctx = _ctx("--from", str(tmp_path))
+    assert Stage.QUANTIZE in ctx.skip
+    assert any("pass --recipe" in r.getMessage() and str(tmp_path) in r.getMessage()
+               for r in caplog.records)
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="qnn_pipeline.cli"):
+        _ctx("--from", str(tmp_path), "--recipe", "8a8w")
+    assert not caplog.records
