@@ -15,6 +15,11 @@ each run's fake-quantized model and program, and llama.cpp on the GGUF file the 
 is that GGUF dequantized: so llama.cpp's row is the cost of its own arithmetic (Q8 activations
 against Q4_1 weights), ours the cost of the recipe's. Prints one table; the figures are a
 sample of the corpus (`--tokens`), the intervals say how far they can move.
+
+`--weights-only` adds each run's fake-quantized model with its activations left in float
+(`qnn_quant.fused_qdq.float_activations`): what the recipe's weights alone cost, so a gap is
+told apart into weights and activations. `--no-program` (or a run stopped after quantize) scores
+no program: the HTP emulator's would take hours over a corpus the references read in minutes.
 """
 
 from __future__ import annotations
@@ -114,7 +119,7 @@ def main() -> None:
                                       weights_only=True)
                 candidates[f"{run.name}: fake quant, float activations"] = partial(
                     logits, weights)
-        if args.no_program:
+        if args.no_program or Stage.COMPILE.value not in arts:
             continue
         program, pte = program_lm(arts[Stage.COMPILE.value])
         closers.append(pte.close)
@@ -124,7 +129,7 @@ def main() -> None:
         peer = _Peer(args.llama_cpp_python, args.threads, length)
         closers.append(peer.close)
         candidates["llama.cpp Q4_1"] = peer.logits
-    text = artifact_text(first[Stage.COMPILE.value], reference)
+    text = artifact_text(first[Stage.PREPARE.value], reference)
     cut = windows(shipped().documents, text.encode, length, args.tokens)
     scores: dict[str, list[WindowScore]] = {name: [] for name in candidates}
     seconds = dict.fromkeys(candidates, 0.0)
