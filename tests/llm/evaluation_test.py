@@ -34,30 +34,27 @@ from qnn_quant.lm_steps import artifact_lm
 SUITE = Suite("test", corpus_tokens=192, prompts=4, tasks=6, new_tokens=6)
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    out = tmp_path_factory.mktemp("eval")
+def _evaluated(out: Path, recipe: str, gates: EvalGates | None) -> dict[str, Any]:
+    """tiny-llama through the pipeline with `recipe` and --eval (SUITE)."""
     ctx = PipelineContext.create(
-        "tiny-llama", recipe="fp32", out_dir=out,
+        "tiny-llama", recipe=recipe, out_dir=out,
         prepare={"kv_cache": True, "calibration_samples": 4, "eval_samples": 2,
                  "max_seq_len": 48, "prefill_len": 8, "seed": 1126},
         infer={"generation": {"prompt": "Once upon a time", "max_new_tokens": 4}},
     )
-    result = run_pipeline(ctx, evaluation=EvalRequest(SUITE)).checked()
+    result = run_pipeline(ctx, evaluation=EvalRequest(SUITE, gates=gates)).checked()
     return {"out": out, "summary": result.summary}
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    return _evaluated(tmp_path_factory.mktemp("eval"), "fp32", EvalGates())
 
 
 @pytest.fixture(scope="module")
 def quantized(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    out = tmp_path_factory.mktemp("eval-8a8w")
-    ctx = PipelineContext.create(
-        "tiny-llama", recipe="8a8w", out_dir=out,
-        prepare={"kv_cache": True, "calibration_samples": 4, "eval_samples": 2,
-                 "max_seq_len": 48, "prefill_len": 8, "seed": 1126},
-        infer={"generation": {"prompt": "Once upon a time", "max_new_tokens": 4}},
-    )
-    result = run_pipeline(ctx, evaluation=EvalRequest(SUITE, gates=None)).checked()
-    return {"out": out, "summary": result.summary}
+    # Gates off: 8a8w costs tiny-llama much, and this run is read for its block trace.
+    return _evaluated(tmp_path_factory.mktemp("eval-8a8w"), "8a8w", None)
 
 
 def _artifact(summary: dict[str, Any], stage: Stage) -> Path:
