@@ -50,8 +50,19 @@ PEER = Path(__file__).with_name("llama_cpp_peer.py")
 
 
 def _artifacts(run: Path) -> dict[str, Path]:
-    summary = json.loads((run / "summary.json").read_text())
-    return {s["name"]: Path(s["artifact"]) for s in summary["stages"] if s.get("artifact")}
+    """The run's artifact per stage, from its summary.json; from a run stopped before it wrote
+    one (killed during --eval), each stage's newest sealed `STAGE-*` directory."""
+    if (run / "summary.json").is_file():
+        summary = json.loads((run / "summary.json").read_text())
+        return {s["name"]: Path(s["artifact"]) for s in summary["stages"] if s.get("artifact")}
+    found: dict[str, Path] = {}
+    for stage in Stage:
+        sealed = [d for d in run.glob(f"{stage.value}-*") if (d / "manifest.json").is_file()]
+        if sealed:
+            found[stage.value] = max(sealed, key=lambda d: d.stat().st_mtime)
+    if Stage.PREPARE.value not in found:
+        raise SystemExit(f"{run}: no summary.json and no sealed prepare-* artifact")
+    return found
 
 
 class _Peer:
