@@ -154,7 +154,8 @@ def _blocks(errors: dict[str, Any] | None) -> list[str]:
     worst = worst_blocks(errors)
     lines = ["", f"## Where the error enters: each decoder block's output, {errors['model']} "
              f"against {errors['reference']}", "",
-             f"Over the first {errors['tokens']} corpus tokens ({errors['windows']} windows). "
+             f"Over the first {errors['tokens']} corpus tokens ({errors['windows']} "
+             f"window{'' if errors['windows'] == 1 else 's'}). "
              "SQNR of the block's output (the residual stream) in dB; a block after which it "
              "falls much is where the recipe loses, a steady slope is error carried forward. "
              "Fell most after: "
