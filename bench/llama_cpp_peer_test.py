@@ -23,6 +23,8 @@ TOKENS = ["<unk>", "<s>", "</s>", *BYTES, "▁a", "▁b", "▁c", "▁d"]
 
 
 def _python() -> str:
+    # A skip at run time, not a skipif marker: finding out whether the interpreter imports
+    # llama_cpp takes a subprocess, which collection (import time) should not start.
     python = os.environ.get("LLAMA_CPP_PYTHON")
     if not python:
         pytest.skip("set LLAMA_CPP_PYTHON to an interpreter with llama-cpp-python (a bench "
