@@ -15,16 +15,17 @@ import torch
 
 from qnn_common.config import Stage
 from qnn_common.gates import EvalGates
-from qnn_common.llm import StepLm
+from qnn_common.llm import GenerationConfig, StepLm
 from qnn_common.lm_metrics import log_softmax, score_window
-from qnn_common.recipes import Recipe
+from qnn_common.recipes import Backend, Recipe
 from qnn_infer.evaluation.blocks import block_errors
 from qnn_infer.evaluation.data import shipped, with_eval_file
 from qnn_infer.evaluation.harness import Suite, evaluate
-from qnn_infer.evaluation.lm import continued, logits
+from qnn_infer.evaluation.lm import continued, greedy, logits
 from qnn_infer.evaluation.program import artifact_text, program_lm
 from qnn_infer.evaluation.report import BLOCKS_SVG, gate_failures
 from qnn_infer.evaluation.tasks import continuation
+from qnn_infer.families.causal_lm import run_generation
 from qnn_pipeline.context import PipelineContext
 from qnn_pipeline.evaluation import EVAL_JSON, EVAL_MD, EvalRequest
 from qnn_pipeline.orchestrator import run_pipeline
@@ -218,3 +219,39 @@ def test_weights_only_is_what_the_weights_alone_cost(quantized: dict[str, Any]) 
         return float(score_window(ref, logits(lm, ids), ids).kl.mean())
 
     assert 0 < kl(weights) < kl(fake)
+
+
+def test_the_prompt_suite_replies_as_generation_does(quantized: dict[str, Any]) -> None:
+    """A prompt's rest past its whole prefill windows is fed as infer's generation feeds it (on
+    XNNPACK, up to 4 tokens through decode): the reply the report shows is the one a user gets,
+    not one a padded window rounds differently."""
+    compiled = _artifact(quantized["summary"], Stage.COMPILE)
+    prompt = "Once upon a time, th"  # 20 bytes: 2 windows of 8 and a rest of 4
+    calls: dict[str, list[str]] = {"evaluation": [], "generation": []}
+
+    def counted(path: str, name: str, step: Any) -> Any:
+        def run(ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+            calls[path].append(name)
+            out: torch.Tensor = step(ids, pos)
+            return out
+        return run
+
+    program, pte = program_lm(compiled)
+    try:
+        assert program.prompt_decode_up_to == 4
+        stepped = StepLm("program", counted("evaluation", "prefill", program.prefill),
+                         counted("evaluation", "decode", program.decode), program.spec,
+                         prompt_decode_up_to=program.prompt_decode_up_to)
+        ids = artifact_text(compiled, program).prompt(prompt)
+        assert len(ids) == 20
+        reply = greedy(stepped, ids, 4)
+        pte.prefill = counted("generation", "prefill", pte.prefill)
+        pte.decode = counted("generation", "decode", pte.decode)
+        generated = run_generation(pte, compiled, program.spec,
+                                   GenerationConfig(prompt=prompt, max_new_tokens=4),
+                                   Backend.XNNPACK)
+    finally:
+        pte.close()
+    assert reply.tokens == generated.tokens
+    assert calls["evaluation"] == calls["generation"]
+    assert calls["evaluation"][:6] == ["prefill"] * 2 + ["decode"] * 4

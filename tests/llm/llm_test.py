@@ -18,6 +18,7 @@ import torch
 from qnn_common.config import PrepareConfig, Stage
 from qnn_common.errors import ConfigValidationError
 from qnn_common.llm import GenerationConfig, feed, method_steps, without_sink
+from qnn_common.recipes import Backend
 from qnn_common.sealing import load_manifest
 from qnn_common.stages import PrepareInput, llm_spec_of
 from qnn_infer.families.causal_lm import load_tokenizer, prompt_ids, run_generation
@@ -152,20 +153,16 @@ def test_a_prompt_rest_fed_through_decode_generates_the_same(fp32: dict[str, Any
     stepped = generate(lm.prefill, lm.decode, prompt, cfg, spec, str,
                        decode_up_to=spec.prefill_len - 1)
     assert stepped.tokens == padded.tokens
-    # Both methods have run: the rule has the calls' times to go by.
-    assert set(lm.fastest) == {"prefill", "decode"} and lm.decode_up_to() >= 1
-    # As infer runs it: prefill timed by the teacher-forced eval, decode by untimed steps first.
-    fresh = PteLm(_artifact(fp32, Stage.COMPILE) / "model.pte", spec)
-    feed(fresh.prefill, fresh.decode, prompt[:8], 0, spec)
-    result = run_generation(fresh, _artifact(fp32, Stage.COMPILE), spec,
-                            dataclasses.replace(cfg, prompt=bytes(prompt).decode()))
-    assert "decode" in fresh.fastest and result.tokens == padded.tokens
-    # Pinned, nothing is timed first and the number is the one used.
-    pinned = PteLm(_artifact(fp32, Stage.COMPILE) / "model.pte", spec)
-    feed(pinned.prefill, pinned.decode, prompt[:8], 0, spec)
-    result = run_generation(pinned, _artifact(fp32, Stage.COMPILE), spec, dataclasses.replace(
-        cfg, prompt=bytes(prompt).decode(), prompt_decode_up_to=1))
-    assert result.prompt_decode_up_to == 1 and result.tokens == padded.tokens
+    # As infer runs it: the backend's rule (XNNPACK: a rest of up to 4 through decode), the same
+    # tokens as above; pinned, the number given is the one used.
+    compiled = _artifact(fp32, Stage.COMPILE)
+    text = bytes(prompt).decode()
+    ruled = run_generation(lm, compiled, spec, dataclasses.replace(cfg, prompt=text),
+                           Backend.XNNPACK)
+    assert ruled.prompt_decode_up_to == 4 and ruled.tokens == padded.tokens
+    pinned = run_generation(lm, compiled, spec, dataclasses.replace(
+        cfg, prompt=text, prompt_decode_up_to=1), Backend.XNNPACK)
+    assert pinned.prompt_decode_up_to == 1 and pinned.tokens == padded.tokens
 
 
 def test_8a8w_keeps_argmax_agreement_and_shares_scales(tmp_path: Path) -> None:

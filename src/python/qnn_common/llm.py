@@ -89,6 +89,10 @@ class StepLm:
     prefill: StepFn
     decode: StepFn
     spec: LlmSpec
+    # A prompt's rest after whole prefill windows of at most this many tokens goes through
+    # decode: set to what generation does with the program (`BackendTraits.
+    # prompt_rest_decode_up_to`), so that the evaluation's replies are the ones a user gets.
+    prompt_decode_up_to: int = 1
 
 
 # Run a method: (method name, inputs) -> outputs (logits, then new key / value per layer).

@@ -116,9 +116,8 @@ class GenerationConfig:
     seed: int = 0
     chat: bool = False  # wrap the prompt in the tokenizer's chat template
     # A prompt's rest after its whole prefill windows, if at most this many tokens, goes through
-    # decode a token at a time instead of one padded prefill window. None: infer times both
-    # methods and takes the faster (the number it used is in its manifest); pin it for runs
-    # that must repeat token for token, since the two ways round differently.
+    # decode a token at a time instead of one padded prefill window. None: the backend's rule
+    # (`BackendTraits.prompt_rest_decode_up_to`; the number used is in infer's manifest).
     prompt_decode_up_to: int | None = None
     # Print tokens as they come: how the run is shown, so not part of infer's cache key.
     stream: bool = field(default=False, metadata=NOT_IN_CACHE_KEY)
@@ -161,7 +160,7 @@ class GenerationConfig:
             raise ConfigValidationError(
                 "generation.prompt_decode_up_to", self.prompt_decode_up_to,
                 "must be a whole number >= 1 (1: only a one-token rest goes through decode), or "
-                "left out to let infer time both ways",
+                "left out for the backend's rule",
             )
         if not 0 < self.top_p <= 1:
             raise ConfigValidationError("generation.top_p", self.top_p, "must be in (0, 1]")

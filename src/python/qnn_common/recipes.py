@@ -160,6 +160,11 @@ class BackendTraits:
     # between the delegate's partitions of every layer.
     llm_custom_ops: bool
     runtime_id: str | None  # the delegate id a .pte names it by (None: no delegate)
+    # A prompt's rest after its whole prefill windows, if at most this many tokens, goes a token
+    # at a time through decode rather than through one padded prefill window. A rule of the
+    # backend, not a timing: the two ways round differently, and a near tie they tip must tip the
+    # same way in every run and in the evaluation's replies (qnn_infer.evaluation).
+    prompt_rest_decode_up_to: int = 1
 
 
 BACKENDS: dict[Backend, BackendTraits] = {
@@ -170,6 +175,10 @@ BACKENDS: dict[Backend, BackendTraits] = {
         "(int8 activations per token at run time, 4-bit grouped weights)",
         float_recipe=Recipe.FP32, needs_soc=False, dynamic_activations=True,
         mutable_buffers=True, llm_custom_ops=True, runtime_id="XnnpackBackend",
+        # A CPU's prefill window reuses each weight across its tokens, so a 32-token window costs
+        # five to eight decode steps on the x86 hosts measured (docs/llm.md); four steps is below
+        # that on each, so the rule never costs time where it saves some.
+        prompt_rest_decode_up_to=4,
     ),
     # The reference for quantized programs too: quantized_decomposed kernels, bit-exact with
     # fake quant, so it tells a backend's deviation from the quantizer's. 8da4w runs there as
@@ -187,6 +196,8 @@ BACKENDS: dict[Backend, BackendTraits] = {
         hint="the HTP has no fp32 datapath; use fp16 for a float model",
         float_recipe=Recipe.FP16, needs_soc=True, dynamic_activations=False,
         mutable_buffers=False, llm_custom_ops=False, runtime_id="QnnBackend",
+        # The HTP (and its emulator) runs a prefill window in about the time of one decode step.
+        prompt_rest_decode_up_to=1,
     ),
 }
 

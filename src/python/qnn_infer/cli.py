@@ -115,8 +115,8 @@ def add_generation_args(parser: argparse.ArgumentParser) -> None:
                    help="seed of the sampler, in [0, 2**64) (default 0; unused when greedy)")
     g.add_argument("--prompt-decode-up-to", type=int, metavar="N",
                    help="feed a prompt's rest after its whole prefill windows through decode "
-                   "when it holds at most N tokens (default: time both methods, take the faster; "
-                   "give N for runs that must repeat token for token)")
+                   "when it holds at most N tokens (default: the backend's rule, 4 on xnnpack, 1 "
+                   "on qnn and portable)")
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
     g.add_argument("--no-stream", action="store_true",
                    help="do not print tokens as they are generated")

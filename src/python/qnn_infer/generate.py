@@ -9,7 +9,6 @@ prompt, decode tokens/s over the tokens after the first.
 
 from __future__ import annotations
 
-import math
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -32,6 +31,7 @@ from qnn_common.llm import (
     feed,
     method_steps,
 )
+from qnn_common.recipes import BACKENDS, Backend
 from qnn_infer.deadline import bound_for, bounded
 from qnn_infer.runtimes import host_runtime
 
@@ -84,17 +84,13 @@ class PteLm:
             self._methods = {m: program.load_method(m) for m in (PREFILL, DECODE)}
         self._bounds = {m: bound_for(f"running {m} of {pte}") for m in (PREFILL, DECODE)}
         self.prefill, self.decode = method_steps(spec, self._run, rope, sink)
-        self.fastest: dict[str, float] = {}  # method -> seconds of its fastest call so far
 
     def _run(self, name: str, inputs: Sequence[torch.Tensor]) -> Sequence[torch.Tensor]:
-        t = time.perf_counter()
         try:
             with bounded(self._bounds[name]):  # a run that never returns: qnn_infer.deadline
                 outputs: Sequence[torch.Tensor] = self._methods[name].execute(list(inputs))
         except RuntimeError as err:
             raise StageError("infer", f"the {name} method failed: {err}", err) from err
-        took = time.perf_counter() - t
-        self.fastest[name] = min(took, self.fastest.get(name, took))
         return outputs
 
     def close(self) -> None:
@@ -104,16 +100,13 @@ class PteLm:
         with native_noise_filtered():
             self._methods.clear()
 
-    def decode_up_to(self) -> int:
-        """The most tokens whose decode steps, one by one, take less time than one padded
-        prefill window, by the fastest calls so far; 1 until both methods have run.
 
-        Where that lies is the backend's: a CPU's prefill window costs several decode steps
-        (its GEMMs reuse each weight across the window), the HTP emulator's about one."""
-        prefill, decode = self.fastest.get(PREFILL), self.fastest.get(DECODE)
-        if prefill is None or not decode:
-            return 1
-        return max(1, math.ceil(prefill / decode) - 1)
+def prompt_rest_decode_up_to(cfg: GenerationConfig, backend: Backend) -> int:
+    """How many tokens of a prompt's rest at most go through decode: the config's number, or
+    the backend's rule (never a timing: the same prompt must get the same reply every run)."""
+    if cfg.prompt_decode_up_to is not None:
+        return cfg.prompt_decode_up_to
+    return BACKENDS[backend].prompt_rest_decode_up_to
 
 
 def pick_next(logits: torch.Tensor, cfg: GenerationConfig, generator: torch.Generator) -> int:
@@ -147,7 +140,7 @@ def generate(
     """Generate after `prompt_ids`; the program's cache must be fresh or about to be overwritten
     from position 0 (it is: the prompt is written from 0 and the mask hides the rest). A prompt
     whose rest after whole prefill windows holds at most `decode_up_to` tokens feeds that rest
-    through decode (`PteLm.decode_up_to`: when that is faster)."""
+    through decode (the backend's rule, `BackendTraits.prompt_rest_decode_up_to`)."""
     check_fits(len(prompt_ids), cfg.max_new_tokens, spec)
     generator = torch.Generator().manual_seed(cfg.seed)
     t0 = time.perf_counter()

@@ -13,8 +13,9 @@ import torch
 from qnn_common.cli import noise
 from qnn_common.errors import ConfigValidationError
 from qnn_common.llm import DECODE, PREFILL, GenerationConfig, LlmSpec
+from qnn_common.recipes import Backend
 from qnn_infer import generate as generate_module
-from qnn_infer.generate import PteLm, generate, pick_next
+from qnn_infer.generate import PteLm, generate, pick_next, prompt_rest_decode_up_to
 
 LOGITS = torch.tensor([0.0, 3.0, 2.5, 1.0, -1.0])
 
@@ -84,18 +85,14 @@ def test_a_short_prompt_rest_goes_through_decode_when_asked() -> None:
         assert result.tokens == (6, 7, 8, 9) and lm.decoded == decoded
 
 
-def test_decode_up_to_follows_the_fastest_calls() -> None:
-    lm = PteLm.__new__(PteLm)  # the timing rule alone; tests/llm runs it on a real program
-    lm.fastest = {}
-    assert lm.decode_up_to() == 1
-    lm.fastest = {PREFILL: 0.030}
-    assert lm.decode_up_to() == 1
-    lm.fastest = {PREFILL: 0.030, DECODE: 0.004}  # 7 steps (28 ms) beat a window, 8 do not
-    assert lm.decode_up_to() == 7
-    lm.fastest = {PREFILL: 0.012, DECODE: 0.004}  # 3 steps take as long: prefill
-    assert lm.decode_up_to() == 2
-    lm.fastest = {PREFILL: 7.8, DECODE: 6.8}
-    assert lm.decode_up_to() == 1
+def test_a_prompt_rest_goes_through_decode_by_the_backends_rule_unless_pinned() -> None:
+    # A rule, not a timing: the same prompt gets the same reply however loaded the host is.
+    auto = GenerationConfig()
+    assert prompt_rest_decode_up_to(auto, Backend.XNNPACK) == 4  # a CPU window: 5-8 steps
+    assert prompt_rest_decode_up_to(auto, Backend.QNN) == 1  # an HTP window: about one step
+    assert prompt_rest_decode_up_to(auto, Backend.PORTABLE) == 1
+    pinned = GenerationConfig(prompt_decode_up_to=7)
+    assert {prompt_rest_decode_up_to(pinned, b) for b in Backend} == {7}
 
 
 def test_generation_stops_at_max_new_tokens_and_streams(capsys: pytest.CaptureFixture[str]) -> None:

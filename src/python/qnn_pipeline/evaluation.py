@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +15,7 @@ from qnn_common.cli.noise import native_noise_filtered
 from qnn_common.config import Stage
 from qnn_common.errors import ConfigValidationError
 from qnn_common.gates import EvalGates
+from qnn_common.llm import GenerationConfig
 from qnn_common.recipes import Backend, Recipe
 from qnn_common.store.atomic import atomic_write_text
 from qnn_infer.evaluation.data import shipped, with_eval_file
@@ -49,9 +50,10 @@ class EvalRequest:
 
 def run_evaluation(
     request: EvalRequest, records: list[StageRecord], *, backend: Backend, recipe: Recipe,
-    out_dir: Path,
+    out_dir: Path, generation: GenerationConfig | None = None,
 ) -> tuple[dict[str, Any], EvalGateError | None]:
-    """Evaluate this run's models; (the summary's "evaluation" entry, the gate failure)."""
+    """Evaluate this run's models; (the summary's "evaluation" entry, the gate failure). The
+    prompt suite feeds each prompt as this run's `generation` fed its prompt."""
     dirs = {r.stage: r.artifact for r in records if r.artifact is not None}
     if Stage.PREPARE not in dirs or Stage.COMPILE not in dirs:
         raise ConfigValidationError(
@@ -70,8 +72,10 @@ def run_evaluation(
             taps["fake_quant"] = BlockTap()
             models.append(artifact_lm(dirs[Stage.QUANTIZE], "fake_quant",
                                       tap=taps["fake_quant"]))
-        program, pte = program_lm(dirs[Stage.COMPILE])
+        program, pte = program_lm(dirs[Stage.COMPILE], generation=generation)
         handles.append(pte)
+        # Every model fed alike, so that a reply differs by the model and not by its feeding.
+        models = [replace(m, prompt_decode_up_to=program.prompt_decode_up_to) for m in models]
         models.append(program)
         text = artifact_text(dirs[Stage.COMPILE], program)
         # The HTP emulator runs a program orders slower than the CPU runs the references.

@@ -305,7 +305,8 @@ def run_pipeline(
     eval_failure = None
     if evaluation is not None:
         extra["evaluation"], eval_failure = run_evaluation(
-            evaluation, records, backend=ctx.backend, recipe=ctx.recipe, out_dir=ctx.out_dir
+            evaluation, records, backend=ctx.backend, recipe=ctx.recipe, out_dir=ctx.out_dir,
+            generation=ctx.infer.generation,
         )
     summary, summary_path = write_summary(ctx, records, manifests, extra)
     infer = manifests.get(Stage.INFER)

@@ -45,7 +45,8 @@ class Reply:
 
 def greedy(lm: StepLm, prompt: Sequence[int], new_tokens: int) -> Reply:
     """Up to `new_tokens` greedy tokens after `prompt` (fewer where the context ends or a stop
-    token comes; the stop token is kept)."""
+    token comes; the stop token is kept), the prompt fed as generation feeds it
+    (`qnn_infer.generate.generate`, `StepLm.prompt_decode_up_to`)."""
     if not prompt:
         raise ValueError("an empty prompt")
     room = lm.spec.context - len(prompt)
@@ -53,7 +54,8 @@ def greedy(lm: StepLm, prompt: Sequence[int], new_tokens: int) -> Reply:
     if budget < 1:
         raise ValueError(f"a prompt of {len(prompt)} tokens leaves no room in a context of "
                          f"{lm.spec.context}")
-    row = feed(lm.prefill, lm.decode, list(prompt), 0, lm.spec)[-1]
+    row = feed(lm.prefill, lm.decode, list(prompt), 0, lm.spec,
+               decode_up_to=lm.prompt_decode_up_to)[-1]
     rows: list[torch.Tensor] = []
     tokens: list[int] = []
     position = len(prompt)

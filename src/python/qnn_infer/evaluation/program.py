@@ -7,17 +7,21 @@ from pathlib import Path
 from typing import Any
 
 from qnn_common.chat_template import render_chat_prompt
-from qnn_common.llm import StepLm, without_sink
+from qnn_common.llm import GenerationConfig, StepLm, without_sink
 from qnn_common.stages import TOKENIZER_DIR
 from qnn_infer.evaluation.harness import Text
 from qnn_infer.families.causal_lm import load_tokenizer, open_program_lm
-from qnn_infer.generate import PteLm
+from qnn_infer.generate import PteLm, prompt_rest_decode_up_to
 
 
-def program_lm(compiled: Path, name: str = "program") -> tuple[StepLm, PteLm]:
-    """The .pte's steps (the runtime made ready first), and the PteLm to close when done."""
-    lm, spec = open_program_lm(compiled)
-    return StepLm(name, lm.prefill, lm.decode, spec), lm
+def program_lm(
+    compiled: Path, name: str = "program", generation: GenerationConfig | None = None,
+) -> tuple[StepLm, PteLm]:
+    """The .pte's steps (the runtime made ready first), a prompt fed as `generation` (the
+    backend's rule by default) would feed it, and the PteLm to close when done."""
+    lm, spec, backend = open_program_lm(compiled)
+    up_to = prompt_rest_decode_up_to(generation or GenerationConfig(), backend)
+    return StepLm(name, lm.prefill, lm.decode, spec, prompt_decode_up_to=up_to), lm
 
 
 def artifact_text(artifact: Path, lm: StepLm, chat: bool | None = None) -> Text:

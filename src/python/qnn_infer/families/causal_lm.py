@@ -23,8 +23,6 @@ from qnn_common.cli.noise import native_noise_filtered
 from qnn_common.config import InferConfig
 from qnn_common.errors import ArtifactError, ConfigValidationError
 from qnn_common.llm import (
-    DECODE,
-    PREFILL,
     GenerationConfig,
     LlmSpec,
     SinkTable,
@@ -35,6 +33,7 @@ from qnn_common.llm import (
 from qnn_common.lm_metrics import compare_next_tokens, perplexity, perplexity_interval
 from qnn_common.manifest import Manifest
 from qnn_common.metrics import logits_accuracy
+from qnn_common.recipes import Backend
 from qnn_common.sealing import load_manifest
 from qnn_common.stages import (
     EVAL_INPUTS,
@@ -53,7 +52,7 @@ from qnn_common.store.artifact_dir import begin_artifact
 from qnn_common.torchio.hf_untrusted import HF_LOAD, refuse_custom_code
 from qnn_common.torchio.samples import load_samples
 from qnn_infer.gate_check import judge_accuracy
-from qnn_infer.generate import Generation, PteLm, generate
+from qnn_infer.generate import Generation, PteLm, generate, prompt_rest_decode_up_to
 from qnn_infer.isolation import Rehearsal, Step, rehearse_unless_own
 from qnn_infer.program_check import check_program_matches
 from qnn_infer.pte import check_pte_header
@@ -103,21 +102,22 @@ def program_logits(compiled: Path) -> list[torch.Tensor]:
     """A compile artifact's causal LM run teacher-forced on its eval texts, prefill then decode
     as generation calls them (the QNN SDK made ready first for an HTP program): its logits per
     text. For comparing programs (shard counts, a resumed compile) in tests and benches."""
-    lm, spec = open_program_lm(compiled)
+    lm, spec, _ = open_program_lm(compiled)
     texts = [sample[0] for sample in load_samples(compiled / EVAL_INPUTS)]
     return teacher_forced_logits(lm.prefill, lm.decode, texts, spec)
 
 
-def open_program_lm(compiled: Path) -> tuple[PteLm, LlmSpec]:
-    """A compile artifact's causal LM program and its spec, the runtime made ready first (the
-    QNN SDK for an HTP program); the caller closes the PteLm."""
+def open_program_lm(compiled: Path) -> tuple[PteLm, LlmSpec, Backend]:
+    """A compile artifact's causal LM program, its spec and its backend, the runtime made ready
+    first (the QNN SDK for an HTP program); the caller closes the PteLm."""
     manifest = load_manifest(compiled)
     spec = llm_spec_of(compiled, manifest)
     if spec is None:
         raise ArtifactError(compiled, "holds no causal LM (prefill and decode) to run")
+    target, _ = compiled_for(compiled, manifest)
     prepare_runtime(delegates_in(compiled / PTE))
     lm = PteLm(compiled / PTE, spec, rope_of(compiled, manifest), sink_of(compiled, manifest))
-    return lm, spec
+    return lm, spec, target.backend
 
 
 def teacher_forced_accuracy(
@@ -171,7 +171,7 @@ def next_token_record(
 
 
 def run_generation(
-    lm: PteLm, artifact: Path, spec: LlmSpec, cfg: GenerationConfig
+    lm: PteLm, artifact: Path, spec: LlmSpec, cfg: GenerationConfig, backend: Backend
 ) -> Generation:
     """Tokenize the prompt, generate, and decode the new tokens to text."""
     tokenizer = load_tokenizer(artifact)
@@ -186,24 +186,8 @@ def run_generation(
     # The QNN emulator's runtime writes [INFO] lines to fd 2 on every call; held for the whole
     # generation (not per call: that would cost each token a redirect), so the streamed text
     # reads as one; anything else it wrote follows it.
-    rest = len(ids) % spec.prefill_len
+    up_to = prompt_rest_decode_up_to(cfg, backend)
     with native_noise_filtered():
-        # Untimed decode steps (their cache slot is written again by the prompt) tell whether
-        # decode feeds the prompt's rest faster than a padded prefill window. Two: a method's
-        # first call is its slowest (allocations, cold caches); one, if it already took longer.
-        timed = cfg.prompt_decode_up_to is None
-        for _ in range(2 if timed and rest and PREFILL in lm.fastest and DECODE not in lm.fastest
-                       else 0):
-            lm.decode(torch.tensor([ids[:1]]), torch.zeros(1, dtype=torch.int64))
-            if lm.fastest[DECODE] >= lm.fastest[PREFILL]:
-                break
-        up_to = lm.decode_up_to() if cfg.prompt_decode_up_to is None else cfg.prompt_decode_up_to
-        if timed and rest and up_to > 1:
-            log.info(
-                "a prompt rest of up to %d token(s) goes through decode: a step took %.1f ms, a "
-                "prefill window %.1f ms", up_to, 1e3 * lm.fastest[DECODE],
-                1e3 * lm.fastest[PREFILL],
-            )
         result = generate(lm.prefill, lm.decode, ids, cfg, spec, decode_text, decode_up_to=up_to)
     log.info(
         "generated %d token(s): ttft %.1f ms, prefill %.1f tok/s, decode %.1f tok/s",
@@ -254,7 +238,7 @@ def run(
         t = time.perf_counter()
         accuracy = teacher_forced_accuracy(lm, inp.source, spec, have)
         check_s = time.perf_counter() - t
-        generation = run_generation(lm, inp.source, spec, generation_cfg)
+        generation = run_generation(lm, inp.source, spec, generation_cfg, target.backend)
     finally:
         lm.close()
     verdict = judge_accuracy(accuracy, cfg.gates_for(recipe, causal_lm=True), recipe)
