@@ -202,7 +202,7 @@ def _fake_quant_generation(
     quantized: Path, ids: list[int], decode_up_to: int
 ) -> tuple[int, ...]:
     """Greedy generation of the quantize stage's fake-quantized methods on the host, the prompt
-    fed as the program's was (`decode_up_to`: infer's timed choice)."""
+    fed as the program's was (`decode_up_to`: what infer used)."""
     manifest = load_manifest(quantized, expect_stage=Stage.QUANTIZE)
     spec = llm_spec_of(quantized, manifest)
     assert spec is not None
@@ -220,8 +220,8 @@ def test_smollm2_slice_16a8w_generates_on_the_htp_what_the_fake_quant_model_does
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
     """The real SmolLM2 weights (a 2-layer slice) and its chat prompt, special tokens and all:
-    the prompt goes through prefill (two chunks, then a padded tail or decode steps, as infer's
-    timed calls chose), every later token through decode, whose scales are all copied from
+    the prompt goes through prefill (two chunks, then a padded tail or decode steps, by the
+    backend's rule), every later token through decode, whose scales are all copied from
     prefill. The program's greedy tokens equal the
     fake-quantized model's on the host, and those equal eager fp32's: decode's tied LM head
     once kept no statistics and generated noise while the teacher-forced (prefill-only) numbers
