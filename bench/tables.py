@@ -177,8 +177,8 @@ def eval_peer(result: Mapping[str, Any]) -> str:
     """bench/eval_peer.py: every model's next-token figures against the float model, llama.cpp
     among them, on the same corpus tokens (`tokens` of the corpus, in windows of `window`)."""
     lines = [
-        "| model | tokens | KL mean | KL p99 | same top % | flips (near tie) | perplexity | "
-        "vs fp32 [95 %] | seconds |",
+        "| model | tokens | KL mean [95 %] | KL p99 | same top % [95 %] | flips (near tie) | "
+        "perplexity | vs fp32 [95 %] | seconds |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in result["rows"]:
@@ -188,9 +188,16 @@ def eval_peer(result: Mapping[str, Any]) -> str:
         def pct(x: float) -> str:
             return f"{100 * (x - 1):+.1f} %"
 
+        def around(interval: Mapping[str, float] | None, digits: int) -> str:
+            # Figures recorded before the KL and same-top intervals have none.
+            return "" if interval is None else (
+                f" [{interval['low']:.{digits}f}, {interval['high']:.{digits}f}]")
+
         lines.append(
-            f"| {r['model']} | {result['tokens']} | {f['kl_divergence']['mean']:.4f} | "
-            f"{f['kl_divergence']['p99']:.3f} | {f['same_top_percent']:.1f} | {f['flips']} "
+            f"| {r['model']} | {result['tokens']} | {f['kl_divergence']['mean']:.4f}"
+            f"{around(f['kl_divergence'].get('mean_interval'), 4)} | "
+            f"{f['kl_divergence']['p99']:.3f} | {f['same_top_percent']:.1f}"
+            f"{around(f.get('same_top_percent_interval'), 1)} | {f['flips']} "
             f"({f['near_tie_flips']}) | {f['perplexity']['value']:.3f} | {pct(ratio['value'])} "
             f"[{pct(ratio['low'])}, {pct(ratio['high'])}] | {r['seconds']:.0f} |")
     return "\n".join(lines)

@@ -72,6 +72,50 @@ def test_a_causal_lm_fails_on_its_perplexity_ratio_with_a_suggestion() -> None:
     assert "--max-perplexity-vs-fake-quant 7.48" in message
 
 
+def _next_token(kl: float, kl_interval: tuple[float, float], top: float,
+                top_interval: tuple[float, float]) -> dict[str, Any]:
+    return {"kl_divergence": {"mean": kl, "mean_interval": dict(zip(
+                ("value", "low", "high"), (kl, *kl_interval), strict=True))},
+            "same_top_percent": top, "same_top_percent_interval": dict(zip(
+                ("value", "low", "high"), (top, *top_interval), strict=True))}
+
+
+def test_a_causal_lm_is_judged_on_its_next_token_by_the_interval_and_the_recipe_blamed() -> None:
+    gates = default_accuracy_gates(Recipe.A16W8, causal_lm=True)  # KL 0.05, same top 88 %
+    logits = {"vs_fp32": _acc(14.0, 0.98), "vs_fake_quant": _acc(19.2, 0.994)}
+    # SmolLM2's 16a8w figures pass; a point past the bound whose interval reaches back does too.
+    for program in (_next_token(0.0063, (0.005, 0.008), 94.5, (93.7, 95.2)),
+                    _next_token(0.06, (0.04, 0.09), 86.0, (83.0, 89.0))):
+        accuracy = {**logits, "next_token": {"reference": "fp32", "program": program}}
+        assert judge_accuracy(accuracy, gates, Recipe.A16W8)["ok"] is True
+    program = _next_token(0.3, (0.25, 0.36), 70.0, (66.0, 74.0))
+    fake = _next_token(0.28, (0.23, 0.33), 71.0, (67.0, 75.0))
+    lossy = {**logits, "next_token": {"reference": "fp32", "program": program,
+                                      "fake_quant": fake}}
+    verdict = judge_accuracy(lossy, gates, Recipe.A16W8)
+    assert [(f["field"], f["value"]) for f in verdict["failures"]] == [
+        ("max_kl_vs_fp32", 0.25), ("min_same_top_percent_vs_fp32", 74.0)]
+    message = str(AccuracyGateError(Path("out"), cast(Any, None), verdict["failures"], "16a8w",
+                                    lossy))
+    assert "KL divergence from fp32 (its interval's low end) of the next token 0.25 > 0.05" \
+        in message
+    assert "--max-kl-vs-fp32 0.25 --min-same-top-vs-fp32 74" in message
+    assert "fake-quantized model is about as far from fp32 (KL 0.28)" in message
+    assert "try --recipe 16a16w" in message
+    # The fake-quantized model close to fp32: the compile lost it, no recipe is blamed.
+    close = {**lossy, "next_token": {**lossy["next_token"],
+                                     "fake_quant": _next_token(0.01, (0.008, 0.012), 95.0,
+                                                               (94.0, 96.0))}}
+    failures = judge_accuracy(close, gates, Recipe.A16W8)["failures"]
+    assert "recipe's" not in str(AccuracyGateError(Path("out"), cast(Any, None), failures,
+                                                   "16a8w", close))
+    # A record from before the intervals: judged by its point values.
+    bare = {"kl_divergence": {"mean": 0.3}, "same_top_percent": 95.0}
+    old = {**logits, "next_token": {"program": bare}}
+    (failure,) = judge_accuracy(old, gates, Recipe.A16W8)["failures"]
+    assert failure["field"] == "max_kl_vs_fp32" and failure["value"] == 0.3
+
+
 def test_a_program_that_matches_its_fake_quant_model_blames_the_recipe() -> None:
     gates = default_accuracy_gates(Recipe.A8W8)
     # Far from fp32, close to the fake-quantized model: the quantization lost it.
@@ -176,7 +220,9 @@ def test_quantized_run_is_ok_then_an_impossible_gate_fails_it(
     assert summary["accuracy"]["gates"] == {
         "min_sqnr_db_vs_fp32": None, "min_cosine_vs_fp32": 0.9,
         "min_sqnr_db_vs_fake_quant": 15.0, "min_cosine_vs_fake_quant": None,
-        "max_perplexity_vs_fake_quant": None,  # causal LMs only
+        # causal LMs only
+        "max_perplexity_vs_fake_quant": None, "max_kl_vs_fp32": None,
+        "min_same_top_percent_vs_fp32": None,
     }
     capsys.readouterr()
 

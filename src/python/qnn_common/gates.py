@@ -6,6 +6,7 @@ The defaults per recipe are written here once; `InferConfig` carries the user's 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -28,6 +29,11 @@ class AccuracyGates:
     # Causal LMs: the program's perplexity of the held-out text over the fake-quant model's, at
     # most this (1.1: 10 % worse). Judged where both perplexities exist.
     max_perplexity_vs_fake_quant: float | None = None
+    # Causal LMs, next token against eager fp32 on the held-out text: the mean KL divergence (nats
+    # per token) at most this, judged by its interval's low end; the same top token at least this
+    # often (percent), judged by its interval's high end (noise alone cannot fail either).
+    max_kl_vs_fp32: float | None = None
+    min_same_top_percent_vs_fp32: float | None = None
 
 
 # The default gates, per recipe: low enough that every model we measured passes with a margin,
@@ -63,11 +69,54 @@ _MIN_COSINE_VS_FP32_QUANTIZED = 0.9
 _MIN_WEIGHT_BITS_FOR_FP32_GATE = 4  # see above: not for 2-bit weights
 
 
+@dataclass(frozen=True)
+class NextTokenBounds:
+    """How far a causal LM's next-token distributions may stray from eager fp32's under one
+    recipe: the mean KL divergence (nats per token) and the same-top-token %."""
+
+    max_kl_mean: float
+    min_same_top_percent: float
+
+
+# Per recipe, from what it costs a real model (SmolLM2-135M, 30 layers, on the shipped corpus,
+# docs/eval.md): about 5-10x a recipe's own KL and a same-top % well below its own, so that a
+# model more sensitive than SmolLM2 passes while a broken program (KL in whole nats, the top token
+# a coin toss) cannot. Measured: 8da4w KL 0.018, same top 90.8 % (27,642 tokens); 16a8w 0.0063,
+# 94.5 % (4,096); 16a4w_block 0.152, 77.2 % (4,096): under its bound, as a recipe that changes
+# the top token at one position in four should be; tiny-llama 8a8w 0.064, 88.7 % on its own text.
+# A float program is fp32's arithmetic in another order (KL under 1e-6 on tiny-llama), or fp16's
+# rounding. Not bounded below 4-bit weights (16a2w): there the loss is the recipe's by design,
+# judged against its fake-quantized model instead.
+_NEXT_TOKEN_BOUNDS: dict[Recipe, NextTokenBounds] = {
+    Recipe.FP32: NextTokenBounds(max_kl_mean=0.01, min_same_top_percent=97.0),
+    Recipe.FP16: NextTokenBounds(max_kl_mean=0.05, min_same_top_percent=90.0),
+    Recipe.A16W16: NextTokenBounds(max_kl_mean=0.05, min_same_top_percent=90.0),
+    Recipe.A16W8: NextTokenBounds(max_kl_mean=0.05, min_same_top_percent=88.0),
+    Recipe.A8DW4: NextTokenBounds(max_kl_mean=0.1, min_same_top_percent=85.0),
+    Recipe.A8W8: NextTokenBounds(max_kl_mean=0.25, min_same_top_percent=80.0),
+    Recipe.A8W4: NextTokenBounds(max_kl_mean=0.25, min_same_top_percent=80.0),
+    Recipe.A16W4: NextTokenBounds(max_kl_mean=0.25, min_same_top_percent=80.0),
+    Recipe.A16W4_BLOCK: NextTokenBounds(max_kl_mean=0.25, min_same_top_percent=80.0),
+}
+
+
+def next_token_bounds(recipe: Recipe) -> NextTokenBounds | None:
+    """The KL / same-top bounds of a causal LM under `recipe` (None: not bounded, 16a2w)."""
+    return _NEXT_TOKEN_BOUNDS.get(recipe)
+
+
 def default_accuracy_gates(recipe: Recipe, causal_lm: bool = False) -> AccuracyGates:
     """The gates a program compiled with `recipe` must pass when InferConfig sets none;
-    `causal_lm`: a prefill + decode program judged on teacher-forced logits and perplexity."""
+    `causal_lm`: a prefill + decode program judged on teacher-forced logits, perplexity and its
+    next-token distributions against fp32 (`next_token_bounds`)."""
+    bounds = next_token_bounds(recipe) if causal_lm else None
+    lm = AccuracyGates() if bounds is None else AccuracyGates(
+        max_kl_vs_fp32=bounds.max_kl_mean,
+        min_same_top_percent_vs_fp32=bounds.min_same_top_percent,
+    )
     if not recipe.is_quantized:
-        return _FLOAT_GATES[recipe]
+        return dataclasses.replace(_FLOAT_GATES[recipe], max_kl_vs_fp32=lm.max_kl_vs_fp32,
+                                   min_same_top_percent_vs_fp32=lm.min_same_top_percent_vs_fp32)
     activation_bits, weight_bits = recipe.activation_bits, recipe.weight_bits
     assert activation_bits is not None and weight_bits is not None  # quantized recipes have both
     min_sqnr = _MIN_SQNR_DB_VS_FAKE_QUANT[activation_bits]
@@ -82,6 +131,8 @@ def default_accuracy_gates(recipe: Recipe, causal_lm: bool = False) -> AccuracyG
         max_perplexity_vs_fake_quant=(
             _CAUSAL_LM_MAX_PERPLEXITY_VS_FAKE_QUANT if causal_lm else None
         ),
+        max_kl_vs_fp32=lm.max_kl_vs_fp32,
+        min_same_top_percent_vs_fp32=lm.min_same_top_percent_vs_fp32,
     )
 
 
@@ -93,6 +144,10 @@ def check_gate(name: str, value: float | None) -> None:
         raise ConfigValidationError(name, value, "must be a number (or unset for the default)")
     if "cosine" in name and not -1.0 <= value <= 1.0:
         raise ConfigValidationError(name, value, "a cosine gate must lie in [-1, 1]")
+    if "same_top_percent" in name and not 0.0 <= value <= 100.0:
+        raise ConfigValidationError(name, value, "a same-top gate is a percentage in [0, 100]")
+    if "kl" in name.split("_") and not value >= 0.0:
+        raise ConfigValidationError(name, value, "a KL divergence gate is >= 0 (nats per token)")
     if "perplexity" in name and not value >= 1.0:
         raise ConfigValidationError(
             name, value,
@@ -105,9 +160,10 @@ class EvalGates:
     """What a quantized causal LM's evaluation must show against the float model (the
     program's figures, `qnn_infer.evaluation`); None = not checked.
 
-    Each gate judges a figure with its uncertainty where it has one: perplexity by the low end
-    of its paired bootstrap interval (so noise alone cannot fail a run), the prompt suite by the
-    answers lost minus the answers gained on the same prompts.
+    Each gate judges a figure with its uncertainty: the KL mean and perplexity by the low end of
+    their bootstrap intervals over windows, the same-top % by the high end of its own (so noise
+    alone cannot fail a run), the prompt suite by the answers lost minus the answers gained on
+    the same prompts. The defaults are 8a8w's; `default_eval_gates` gives each recipe its own.
     """
 
     # Mean per-token KL(fp32 || program) over the corpus windows the program read, in nats.
@@ -120,6 +176,16 @@ class EvalGates:
     # gained, per hundred prompts with a known answer; failed only where the loss is also more
     # than chance (McNemar's test on the prompts where the two disagree).
     max_answer_drop_points: float | None = 10.0
+
+
+def default_eval_gates(recipe: Recipe) -> EvalGates:
+    """`qnn-pipeline --eval`'s gates for a program of `recipe`: its `next_token_bounds` (none for
+    16a2w), with the perplexity and prompt-suite gates as `EvalGates` has them."""
+    bounds = next_token_bounds(recipe)
+    if bounds is None:
+        return EvalGates(max_kl_mean=None, min_same_top_percent=None)
+    return EvalGates(max_kl_mean=bounds.max_kl_mean,
+                     min_same_top_percent=bounds.min_same_top_percent)
 
 
 # Recipes a failing one can move to: more weight bits (or finer groups) on the same backend.

@@ -13,7 +13,8 @@ Every function takes the reference first. Logits come one array per evaluation w
 * `perplexity_interval` / `perplexity_ratio_interval`: a percentile bootstrap over windows (not
   tokens: a window's tokens are not independent of each other), seeded so that a figure repeats
   run to run; the ratio resamples the same windows for both models (paired), so that what the
-  two share (a hard window) cancels instead of widening the interval.
+  two share (a hard window) cancels instead of widening the interval. `summarize_windows` gives
+  the mean KL and the same-top % the same kind of interval.
 """
 
 from __future__ import annotations
@@ -270,10 +271,16 @@ class NextTokenComparison:
     top: TopTokenAgreement
     perplexity: Interval
     perplexity_ratio: Interval
+    # The mean KL and the same-top % with their bootstrap intervals over the same windows, so a
+    # gate can judge them as it judges perplexity: by the end of the interval noise cannot reach.
+    kl_mean: Interval
+    same_top_percent: Interval
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "kl_divergence": self.kl.to_json(), **self.top.to_json(),
+            "kl_divergence": {**self.kl.to_json(), "mean_interval": self.kl_mean.to_json(5)},
+            **self.top.to_json(),
+            "same_top_percent_interval": self.same_top_percent.to_json(3),
             "perplexity": self.perplexity.to_json(),
             "perplexity_ratio": self.perplexity_ratio.to_json(digits=5),
         }
@@ -323,6 +330,11 @@ def summarize_windows(
     )
     top = TopTokenAgreement(int(per_token.size), sum(s.same_top for s in scores),
                             tuple(m for s in scores for m in s.flip_margins))
+    positions = np.asarray([float(s.kl.size) for s in scores])
+    kl_mean = _mean_interval(np.asarray([float(s.kl.sum()) for s in scores]), positions,
+                             resamples, seed, confidence)
+    same_top = _mean_interval(np.asarray([100.0 * s.same_top for s in scores]), positions,
+                              resamples, seed, confidence)
     ref = np.asarray([s.reference_nll for s in scores])
     cand = np.asarray([s.candidate_nll for s in scores])
     count = np.asarray([float(s.scored) for s in scores])
@@ -331,8 +343,21 @@ def summarize_windows(
     ref, cand, count = ref[count > 0], cand[count > 0], count[count > 0]
     return NextTokenComparison(
         kl, top, _perplexity_interval(cand, count, resamples, seed, confidence),
-        _ratio_interval(ref, cand, count, resamples, seed, confidence),
+        _ratio_interval(ref, cand, count, resamples, seed, confidence), kl_mean, same_top,
     )
+
+
+def _mean_interval(
+    sums: Floats, count: Floats, resamples: int, seed: int, confidence: float
+) -> Interval:
+    """A per-position mean (sum over positions / positions) and its bootstrap interval over the
+    windows; windows without a position are left out."""
+    keep = count > 0
+    sums, count = sums[keep], count[keep]
+    idx = _resampled(count.size, resamples, seed)
+    low, high = _bounds(sums[idx].sum(axis=1) / count[idx].sum(axis=1), confidence)
+    return Interval(float(sums.sum() / count.sum()), low, high, int(count.size), confidence,
+                    resamples, seed)
 
 
 def compare_next_tokens(

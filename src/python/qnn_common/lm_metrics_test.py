@@ -140,6 +140,29 @@ def test_the_ratio_interval_is_paired() -> None:
     assert (ratio.high - ratio.low) / ratio.value < 0.25 * (ppl.high - ppl.low) / ppl.value
 
 
+def test_kl_and_same_top_carry_intervals_over_the_windows() -> None:
+    # Two windows of two positions each over a 3-token vocabulary. Window A: the candidate
+    # equals the reference (KL 0, both tops the same). Window B: the reference puts everything
+    # on token 0, the candidate is uniform (KL ln 3 at each position, a top flipped at each).
+    sure = np.array([[50.0, 0.0, 0.0]] * 2)
+    flat = np.zeros((2, 3))
+    flat[:, 1] = 1e-6  # a top that is not token 0
+    ids = [np.array([0, 0]), np.array([0, 0])]
+    both = compare_next_tokens([sure, sure], [sure, flat], ids)
+    assert both.kl_mean.value == pytest.approx(LN3 / 2, rel=1e-6)
+    assert both.same_top_percent.value == pytest.approx(50.0)
+    # A resample draws A twice, B twice, or one of each: the bounds are the extremes.
+    assert both.kl_mean.low == pytest.approx(0.0, abs=1e-12)
+    assert both.kl_mean.high == pytest.approx(LN3, rel=1e-6)
+    assert (both.same_top_percent.low, both.same_top_percent.high) == (0.0, 100.0)
+    # Every window alike: nothing for the bootstrap to vary.
+    same = compare_next_tokens([sure, sure], [flat, flat], ids)
+    assert same.kl_mean.low == pytest.approx(same.kl_mean.high) == pytest.approx(LN3, rel=1e-6)
+    out = both.to_json()
+    assert out["kl_divergence"]["mean_interval"]["windows"] == 2
+    assert out["same_top_percent_interval"]["value"] == 50.0
+
+
 def test_mismatched_inputs_are_refused() -> None:
     with pytest.raises(ValueError, match="logits arrays"):
         kl_divergence([np.zeros((2, 3))], [])

@@ -20,7 +20,7 @@ from qnn_common.cli.support import (
 )
 from qnn_common.config import InferConfig
 from qnn_common.errors import ConfigValidationError
-from qnn_common.gates import AccuracyGates, default_accuracy_gates
+from qnn_common.gates import AccuracyGates, default_accuracy_gates, next_token_bounds
 from qnn_common.llm import GenerationConfig, check_seed
 from qnn_common.recipes import Recipe
 from qnn_common.stages import InferInput
@@ -38,7 +38,9 @@ def _default_gates_text() -> str:
     return "; ".join(f"{recipe.value}: {gates(recipe)}" for recipe in Recipe) + (
         f"; causal LMs, quantized: sqnr_db_vs_fake_quant >= "
         f"{lm.min_sqnr_db_vs_fake_quant:g} at most, perplexity_vs_fake_quant <= "
-        f"{lm.max_perplexity_vs_fake_quant:g}"
+        f"{lm.max_perplexity_vs_fake_quant:g}; causal LMs, KL / same top % vs fp32: "
+        + ", ".join(f"{r.value} {b.max_kl_mean:g} / {b.min_same_top_percent:g}"
+                    for r in Recipe if (b := next_token_bounds(r)) is not None)
     )
 
 
@@ -83,11 +85,21 @@ def add_accuracy_gate_args(parser: argparse.ArgumentParser) -> None:
         "a run below a gate keeps its outputs but exits with code 2; unset gates take the "
         f"default for the program's recipe ({_default_gates_text()})",
     )
+    special = {
+        "max_perplexity_vs_fake_quant": ("R", "causal LMs: the highest ratio of the program's "
+                                         "perplexity of the held-out text to the fake-quant "
+                                         "model's (1.1: 10 %% higher)"),
+        "max_kl_vs_fp32": ("NATS", "causal LMs: the highest mean KL divergence of the "
+                           "program's next-token distributions from fp32's on the held-out text, "
+                           "judged by its interval's low end"),
+        "min_same_top_percent_vs_fp32": ("PCT", "causal LMs: the lowest %% of positions where "
+                                         "the program's top next token is fp32's, judged by its "
+                                         "interval's high end"),
+    }
     for name, comparison, metric, flag in GATES:
-        if name.startswith("max_"):
-            g.add_argument(flag, dest=name, type=float, metavar="R",
-                           help="causal LMs: the highest ratio of the program's perplexity of "
-                           "the held-out text to the fake-quant model's (1.1: 10 %% higher)")
+        if name in special:
+            metavar, text = special[name]
+            g.add_argument(flag, dest=name, type=float, metavar=metavar, help=text)
             continue
         reference = comparison.removeprefix("vs_").replace("_", "-")
         g.add_argument(flag, dest=name, type=float, metavar="DB" if metric == "sqnr_db" else "C",

@@ -9,7 +9,7 @@ from typing import Any
 
 from qnn_common.config import Stage
 from qnn_common.errors import PipelineError
-from qnn_common.gates import AccuracyGates
+from qnn_common.gates import NEXT_RECIPE, AccuracyGates
 from qnn_common.manifest import Manifest
 from qnn_common.recipes import Recipe
 
@@ -22,6 +22,10 @@ GATES: tuple[tuple[str, str, str, str], ...] = (
     ("min_cosine_vs_fake_quant", "vs_fake_quant", "cosine", "--min-cosine-vs-fake-quant"),
     ("max_perplexity_vs_fake_quant", "perplexity", "ratio_vs_fake_quant",
      "--max-perplexity-vs-fake-quant"),
+    # Causal LMs (accuracy["next_token"]["program"]), each judged at the end of its bootstrap
+    # interval that noise cannot reach, so a run fails only where its whole interval does.
+    ("max_kl_vs_fp32", "next_token", "kl_mean_low", "--max-kl-vs-fp32"),
+    ("min_same_top_percent_vs_fp32", "next_token", "same_top_high", "--min-same-top-vs-fp32"),
 )
 GATE_FLAGS: dict[str, str] = {name: flag for name, _, _, flag in GATES}
 
@@ -35,7 +39,21 @@ def _measured(accuracy: dict[str, Any], comparison: str, metric: str) -> float |
         if "program" not in found or "fake_quant" not in found:
             return None
         return float(found["program"]) / float(found["fake_quant"])
+    if comparison == "next_token":
+        return next_token_bound(accuracy[comparison].get("program"), metric)
     return float(accuracy[comparison][metric])
+
+
+def next_token_bound(record: dict[str, Any] | None, metric: str) -> float | None:
+    """A next-token comparison's figure at the end of its interval a gate reads: the KL mean's
+    low end, the same-top %'s high end (the point itself where no interval was recorded)."""
+    if record is None:
+        return None
+    if metric == "kl_mean_low":
+        kl = record["kl_divergence"]
+        return float(kl.get("mean_interval", {}).get("low", kl["mean"]))
+    return float(record.get("same_top_percent_interval", {}).get(
+        "high", record["same_top_percent"]))
 
 
 class AccuracyGateError(PipelineError):
@@ -63,7 +81,12 @@ class AccuracyGateError(PipelineError):
         flags = " ".join(f"{GATE_FLAGS[name]} {value}" for name, value in relaxed)
         toml = ", ".join(f"{name} = {value}" for name, value in relaxed)
         matched = _fake_quant_match(failures, accuracy or {})
-        cause = "" if matched is None else (
+        recipe_kl = _fake_quant_kl(failures, accuracy or {})
+        cause = "" if matched is None and recipe_kl is None else (
+            f" Its fake-quantized model is about as far from fp32 (KL {recipe_kl:.4g}), so the "
+            f"loss is the recipe's, not the compile's: {_more_bits(recipe)}, or read the "
+            "quantize stage's per-layer report for the layers that lose it."
+        ) if matched is None else (
             f" The program matches its fake-quantized model ({_fmt(matched, 'sqnr_db')}), so "
             "the loss is the recipe's, not the compile's: pick more bits (16-bit activations), "
             "or read the quantize stage's per-layer report for the layers that lose it."
@@ -96,8 +119,30 @@ def _fake_quant_match(failures: list[dict[str, Any]], accuracy: dict[str, Any]) 
     return float(vs_fake_quant)
 
 
+def _more_bits(recipe: str | None) -> str:
+    known = {r.value: r for r in Recipe}
+    nxt = NEXT_RECIPE.get(known[recipe]) if recipe in known else None
+    return ("pick more bits" if not nxt
+            else "try --recipe " + " or ".join(r.value for r in nxt))
+
+
+def _fake_quant_kl(failures: list[dict[str, Any]], accuracy: dict[str, Any]) -> float | None:
+    """The fake-quantized model's mean KL from fp32 when only next-token gates failed and it is
+    at least half the program's (the recipe loses that much before any compile); else None."""
+    if {f["comparison"] for f in failures} != {"next_token"}:
+        return None
+    record = accuracy.get("next_token") or {}
+    fake, program = record.get("fake_quant"), record.get("program")
+    if fake is None or program is None:
+        return None
+    kl = float(fake["kl_divergence"]["mean"])
+    return kl if kl >= 0.5 * float(program["kl_divergence"]["mean"]) else None
+
+
 LABELS = {"sqnr_db": "SQNR", "cosine": "cosine",
-          "ratio_vs_fake_quant": "program / fake-quant ratio of"}
+          "ratio_vs_fake_quant": "program / fake-quant ratio of",
+          "kl_mean_low": "KL divergence from fp32 (its interval's low end) of the",
+          "same_top_high": "same top token as fp32, % (its interval's high end), of the"}
 
 
 def _fmt(value: float, metric: str) -> str:
@@ -111,8 +156,10 @@ def _relaxed(metric: str, value: float) -> float:
         return -math.inf if metric == "sqnr_db" else -1.0
     if metric == "sqnr_db":
         return math.floor(value)
-    if metric == "ratio_vs_fake_quant":  # an upper bound: just above
+    if metric in ("ratio_vs_fake_quant", "kl_mean_low"):  # upper bounds: just above
         return math.ceil(value * 100) / 100
+    if metric == "same_top_high":
+        return math.floor(value)
     return max(-1.0, math.floor(value * 1000) / 1000)
 
 

@@ -20,7 +20,7 @@ from qnn_common.cli.support import (
 )
 from qnn_common.config import DEFAULT_LPBQ_BLOCK, Stage
 from qnn_common.errors import ConfigValidationError
-from qnn_common.gates import EvalGates
+from qnn_common.gates import default_eval_gates
 from qnn_common.manifest import MANIFEST_NAME
 from qnn_common.recipes import Backend, EmbeddingWeights, GroupMapping, Recipe
 from qnn_common.sealing import load_manifest
@@ -261,7 +261,7 @@ def _eval_request(args: argparse.Namespace, ctx: PipelineContext) -> EvalRequest
     if args.eval_file is not None:
         with_eval_file(shipped(), args.eval_file)  # a bad file fails now, not after compile
     return EvalRequest(suite_named(args.eval_suite), args.eval_file,
-                       EvalGates() if ctx.infer.accuracy_gates else None)
+                       default_eval_gates(ctx.recipe) if ctx.infer.accuracy_gates else None)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
@@ -618,14 +619,19 @@ def test_quantized_causal_lms_are_judged_by_perplexity_too() -> None:
     # A deep decoder's logits drift on the HTP at 16-bit activations while its perplexity does
     # not (SmolLM2 16a8w: 19.2 dB vs fake quant, perplexity 32.9 vs 33.4): the SQNR floor of
     # 8-bit activations, and perplexity within 10 % of the fake-quant model's.
+    # And their next token against fp32's, bounded per recipe (qnn_common.gates).
     assert default_accuracy_gates(Recipe.A16W8, causal_lm=True) == AccuracyGates(
-        min_cosine_vs_fp32=0.9, min_sqnr_db_vs_fake_quant=15.0, max_perplexity_vs_fake_quant=1.1
+        min_cosine_vs_fp32=0.9, min_sqnr_db_vs_fake_quant=15.0, max_perplexity_vs_fake_quant=1.1,
+        max_kl_vs_fp32=0.05, min_same_top_percent_vs_fp32=88.0,
     )
     assert default_accuracy_gates(Recipe.A8DW4, causal_lm=True).min_sqnr_db_vs_fake_quant == 15.0
-    # Float programs: the float gates, LLM or not.
-    assert default_accuracy_gates(Recipe.FP32, causal_lm=True) == default_accuracy_gates(
-        Recipe.FP32
+    assert default_accuracy_gates(Recipe.A16W2, causal_lm=True).max_kl_vs_fp32 is None
+    # Float programs: the float gates, and for an LLM the float bounds on its next token.
+    assert default_accuracy_gates(Recipe.FP32, causal_lm=True) == dataclasses.replace(
+        default_accuracy_gates(Recipe.FP32), max_kl_vs_fp32=0.01,
+        min_same_top_percent_vs_fp32=97.0,
     )
+    assert default_accuracy_gates(Recipe.FP32).max_kl_vs_fp32 is None
     assert InferConfig(max_perplexity_vs_fake_quant=1.5).gates_for(
         Recipe.A16W8, causal_lm=True
     ).max_perplexity_vs_fake_quant == 1.5

@@ -49,6 +49,10 @@ class InferConfig:
     min_cosine_vs_fake_quant: float | None = None
     # Causal LMs: the highest program / fake-quant perplexity ratio of the held-out text.
     max_perplexity_vs_fake_quant: float | None = None
+    # Causal LMs, next token vs fp32 on the held-out text: the highest mean KL divergence (nats,
+    # judged by its interval's low end) and the lowest same-top-token % (by its high end).
+    max_kl_vs_fp32: float | None = None
+    min_same_top_percent_vs_fp32: float | None = None
     # False: report the accuracy, judge no gate.
     accuracy_gates: bool = True
     # Causal-LM programs (prefill + decode): what to generate after the teacher-forced check.

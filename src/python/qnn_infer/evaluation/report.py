@@ -11,6 +11,7 @@ from qnn_common.gates import NEXT_RECIPE, EvalGates
 from qnn_common.recipes import Recipe
 from qnn_infer.evaluation.blocks import worst_blocks
 from qnn_infer.evaluation.plot import line_svg
+from qnn_infer.gate_check import next_token_bound
 
 
 def gate_failures(
@@ -22,12 +23,19 @@ def gate_failures(
     corpus = evaluation.get("corpus", {}).get("candidates", {}).get(model)
     if corpus is not None:
         kl = corpus["kl_divergence"]["mean"]
-        if gates.max_kl_mean is not None and kl > gates.max_kl_mean:
-            misses.append(f"KL divergence from fp32 {kl:.4f} nats per token > "
+        kl_low = next_token_bound(corpus, "kl_mean_low")
+        assert kl_low is not None
+        if gates.max_kl_mean is not None and kl_low > gates.max_kl_mean:
+            misses.append(f"KL divergence from fp32 {kl:.4f} nats per token "
+                          f"({_interval(corpus['kl_divergence'].get('mean_interval'), 4)}) > "
                           f"{gates.max_kl_mean} (over {corpus['tokens']} corpus tokens)")
         top = corpus["same_top_percent"]
-        if gates.min_same_top_percent is not None and top < gates.min_same_top_percent:
-            misses.append(f"same top token as fp32 {top:.1f} % < {gates.min_same_top_percent} %")
+        top_high = next_token_bound(corpus, "same_top_high")
+        assert top_high is not None
+        if gates.min_same_top_percent is not None and top_high < gates.min_same_top_percent:
+            misses.append(f"same top token as fp32 {top:.1f} % "
+                          f"({_interval(corpus.get('same_top_percent_interval'), 1)}) < "
+                          f"{gates.min_same_top_percent} %")
         ratio = corpus["perplexity_ratio"]
         if (gates.max_perplexity_increase is not None
                 and ratio["low"] - 1 > gates.max_perplexity_increase):
@@ -46,6 +54,18 @@ def gate_failures(
         misses.append(f"try --recipe {tries}, or keep the worst layers in float (keep_float; "
                       "the per-layer report ranks them)")
     return misses
+
+
+def _interval(interval: dict[str, Any] | None, digits: int) -> str:
+    """"interval [low, high]", or that there is none (a record from before intervals)."""
+    if interval is None:
+        return "no interval recorded"
+    return f"interval [{interval['low']:.{digits}f}, {interval['high']:.{digits}f}]"
+
+
+def _brackets(interval: dict[str, Any] | None, digits: int) -> str:
+    return "" if interval is None else (
+        f" [{interval['low']:.{digits}f}, {interval['high']:.{digits}f}]")
 
 
 def _paired_rows(
@@ -103,8 +123,8 @@ def markdown(evaluation: dict[str, Any], title: str, failures: list[str] | None 
     lines += ["## Next token over the corpus", "",
               f"{corpus['tokens']} tokens in {corpus['windows']} windows of up to "
               f"{corpus['window']}; each model's row says what it read.", "",
-              "| model | tokens | KL mean | KL p99 | same top % | flips (near tie) | perplexity "
-              "[95 %] | vs fp32 [95 %] |", "|---|---|---|---|---|---|---|---|"]
+              "| model | tokens | KL mean [95 %] | KL p99 | same top % [95 %] | flips (near tie) "
+              "| perplexity [95 %] | vs fp32 [95 %] |", "|---|---|---|---|---|---|---|---|"]
     ref = corpus["candidates"].get(corpus["reference"])
     if ref:
         lines.append(f"| {corpus['reference']} | {ref['tokens']} | | | | | {ref['perplexity']} "
@@ -113,9 +133,11 @@ def markdown(evaluation: dict[str, Any], title: str, failures: list[str] | None 
         if name == corpus["reference"]:
             continue
         p, r = c["perplexity"], c["perplexity_ratio"]
+        kl_i, top_i = c["kl_divergence"].get("mean_interval"), c.get("same_top_percent_interval")
         lines.append(
-            f"| {name} | {c['tokens']} | {c['kl_divergence']['mean']:.4f} | "
-            f"{c['kl_divergence']['p99']:.3f} | {c['same_top_percent']:.1f} | {c['flips']} "
+            f"| {name} | {c['tokens']} | {c['kl_divergence']['mean']:.4f}"
+            f"{_brackets(kl_i, 4)} | {c['kl_divergence']['p99']:.3f} | "
+            f"{c['same_top_percent']:.1f}{_brackets(top_i, 1)} | {c['flips']} "
             f"({c['near_tie_flips']}) | {p['value']} [{p['low']}, {p['high']}] | "
             f"{_signed(r['value'])} [{_signed(r['low'])}, {_signed(r['high'])}] |")
     prompts = evaluation["prompts"]
