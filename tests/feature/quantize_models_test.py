@@ -9,9 +9,10 @@ import torch
 
 from qnn_common.errors import ConfigValidationError
 from qnn_common.metrics import cosine, sqnr_db
-from qnn_common.recipes import Backend, GroupMapping, Recipe
+from qnn_common.recipes import Backend, Recipe
 from qnn_common.soc import lookup_soc
 from qnn_common.target import Target
+from qnn_common.weight_groups import GroupMapping
 from qnn_prepare.calibration import make_calibration, random_samples, tokenize_like
 from qnn_prepare.causal_lm.task import LogitsLm
 from qnn_prepare.causal_lm.tiny_decoders import save_tiny_llama

@@ -12,10 +12,23 @@ import sys
 
 import pytest
 
-from qnn_common import config, errors, gates, llm, llm_spec, manifest, recipes, reports, soc, target
+from qnn_common import (
+    config,
+    errors,
+    gates,
+    llm,
+    llm_spec,
+    manifest,
+    recipes,
+    reports,
+    soc,
+    target,
+    weight_groups,
+)
 
 CONTRACTS = tuple(
-    m.__name__ for m in (errors, soc, recipes, target, gates, manifest, llm_spec, config, reports)
+    m.__name__ for m in (errors, soc, recipes, weight_groups, target, gates, manifest, llm_spec,
+                         config, reports)
 )
 HEAVY = ("torch", "numpy", "executorch", "torchao", "transformers", "onnxruntime")
 

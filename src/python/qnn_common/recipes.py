@@ -43,27 +43,80 @@ class Recipe(enum.StrEnum):
     A8DW4 = "8da4w"
 
     @property
+    def traits(self) -> RecipeTraits:
+        return RECIPES[self]
+
+    @property
     def is_quantized(self) -> bool:
-        return self not in (Recipe.FP32, Recipe.FP16)
+        return self.traits.activation_bits is not None
 
     @property
     def is_dynamic(self) -> bool:
         """Whether every activation scale is chosen at run time: nothing to calibrate."""
-        return self is Recipe.A8DW4
+        return self.traits.dynamic
 
     @property
     def has_weight_groups(self) -> bool:
         """Whether 4-bit weights come in groups of input channels, each with its own scale
         (8da4w's groups, 16a4w_block's LPBQ blocks): what `GroupMapping` applies to."""
-        return self in (Recipe.A8DW4, Recipe.A16W4_BLOCK)
+        return self.traits.weight_groups is not None
 
     @property
     def activation_bits(self) -> int | None:
-        return None if not self.is_quantized else int(self.value.split("a")[0].rstrip("d"))
+        return self.traits.activation_bits
 
     @property
     def weight_bits(self) -> int | None:
-        return None if not self.is_quantized else int(self.value.split("a")[1].split("w")[0])
+        return self.traits.weight_bits
+
+
+class WeightGroups(enum.StrEnum):
+    """How a recipe's 4-bit weights share scales across input channels."""
+
+    GROUPS = "groups"  # 8da4w: torchao's groups, asymmetric by default (GGUF Q4_1's form)
+    LPBQ = "lpbq"  # 16a4w_block: QNN's low-power block quantization, symmetric as upstream's
+
+
+@dataclass(frozen=True)
+class HtpFloor:
+    """The oldest HTP arch that runs a recipe, and why (ExecuTorch's Qualcomm docs)."""
+
+    arch: HtpArch
+    why: str
+
+
+@dataclass(frozen=True)
+class RecipeTraits:
+    """What a recipe is, in one place: every stage asks here, never parses the recipe's name
+    (`BackendTraits` says which backend runs it)."""
+
+    activation_bits: int | None  # None: a float recipe
+    weight_bits: int | None
+    # Activation scales chosen per call at run time (torchao's dynamic int8): nothing to calibrate.
+    dynamic: bool = False
+    weight_groups: WeightGroups | None = None  # None: one scale per output channel (or tensor)
+    # The QNN quantizer's QuantDtype member (upstream's name); None: not a QNN quantized recipe.
+    qnn_dtype: str | None = None
+    htp_floor: HtpFloor | None = None  # None: every HTP arch the backend knows
+
+
+RECIPES: dict[Recipe, RecipeTraits] = {
+    Recipe.FP32: RecipeTraits(None, None),
+    Recipe.FP16: RecipeTraits(
+        None, None, htp_floor=HtpFloor(HtpArch.V69, "the HTP float16 datapath starts at V69")),
+    Recipe.A8W8: RecipeTraits(8, 8, qnn_dtype="use_8a8w"),
+    Recipe.A8W4: RecipeTraits(8, 4, qnn_dtype="use_8a4w"),
+    Recipe.A16W8: RecipeTraits(16, 8, qnn_dtype="use_16a8w"),
+    Recipe.A16W16: RecipeTraits(
+        16, 16, qnn_dtype="use_16a16w",
+        htp_floor=HtpFloor(HtpArch.V73, "16-bit weight matmul (16a16w) needs HTP >= V73")),
+    Recipe.A16W4: RecipeTraits(16, 4, qnn_dtype="use_16a4w"),
+    Recipe.A16W4_BLOCK: RecipeTraits(
+        16, 4, weight_groups=WeightGroups.LPBQ, qnn_dtype="use_16a4w_block",
+        htp_floor=HtpFloor(HtpArch.V69, "LPBQ (16a4w_block) needs HTP >= V69")),
+    Recipe.A16W2: RecipeTraits(16, 2, qnn_dtype="use_16a2w"),
+    Recipe.A8DW4: RecipeTraits(8, 4, dynamic=True, weight_groups=WeightGroups.GROUPS),
+}
 
 
 class WeightRounding(enum.StrEnum):
@@ -133,12 +186,6 @@ def check_dynamic_layers(
             "no run-time (dynamic) quantization; leave dynamic_layers empty, and for layers "
             "with outliers use 16-bit activations (16a8w)",
         )
-
-
-@dataclass(frozen=True)
-class _Rule:
-    min_arch: HtpArch
-    why: str
 
 
 @dataclass(frozen=True)
@@ -213,67 +260,6 @@ _REFUSALS: dict[tuple[Backend, Recipe], str] = {
     ),
 }
 
-# 8da4w: input channels per weight scale. 32 is what ExecuTorch's LLM export
-# (extension/llm/export/quantize.py) and optimum-executorch default to; upstream's older
-# `export_llama -qmode 8da4w` falls back to 128, which does not divide SmolLM2's hidden size of
-# 576 (those projections would stay float).
-DEFAULT_GROUP_SIZE = 32
-# XNNPACK's blockwise 4-bit GEMMs take blocks that are a multiple of 32 channels.
-GROUP_SIZE_MULTIPLE = 32
-
-
-class GroupMapping(enum.StrEnum):
-    """8da4w and 16a4w_block: how a 4-bit weight group's (or LPBQ block's) 16 levels map to
-    values (`qnn_quant.intx`, `qnn_quant.quantizers.lpbq`)."""
-
-    # levels from the group's minimum to its maximum: `scale * q + minimum`, the form of GGUF's
-    # Q4_1 and of GPTQ / AWQ checkpoints. XNNPACK's 4-bit kernels hold no offset, so it runs as a
-    # symmetric int4 weight plus the group's float offset times the sum of the group's inputs.
-    ASYMMETRIC = "asymmetric"
-    # levels symmetric around 0: `scale * q`, q in -8..7, scales fitted by HQQ; what ExecuTorch's
-    # LLM export and optimum-executorch do. One GEMM, no offset, one 4-bit rounding more on
-    # weights that were not centred on 0.
-    SYMMETRIC = "symmetric"
-
-
-DEFAULT_GROUP_MAPPING = GroupMapping.ASYMMETRIC
-
-
-def default_group_mapping(recipe: Recipe) -> GroupMapping:
-    """8da4w's groups min/max (DEFAULT_GROUP_MAPPING); 16a4w_block's LPBQ blocks symmetric, as
-    upstream's. Asymmetric LPBQ blocks cost two small linears per layer input and a second
-    rounding of weights not already on a min/max grid; they pay off on weights that are (GGUF
-    Q4_1, GPTQ checkpoints: docs/quantization.md)."""
-    return GroupMapping.SYMMETRIC if recipe is Recipe.A16W4_BLOCK else DEFAULT_GROUP_MAPPING
-# 8da4w: linears whose weights get int8 (one scale per output channel) instead of 4-bit groups.
-# A causal LM's output head reads the residual stream's every feature into 49k-256k logits, and
-# is the one linear whose 4-bit rounding moves the next-token choice most (measured per layer
-# in bench/intx_sensitivity.py); int8 there costs a few MB against a 4-bit head.
-DEFAULT_INT8_WEIGHTS: tuple[str, ...] = (r"(^|\.)lm_head$",)
-
-
-class EmbeddingWeights(enum.StrEnum):
-    """8da4w: how embedding tables are stored (`qnn_quant.embedding`); upstream's `--qembedding`."""
-
-    FLOAT = "float"
-    # int8, symmetric, one scale per group of group_size channels of a row.
-    INT8 = "8w"
-    # 4-bit, asymmetric groups of group_size input channels (GGUF Q4_1's form for tables).
-    INT4 = "4w"
-
-
-# A causal LM's token table is its largest float tensor once the linears are 4-bit (SmolLM2: 113
-# of 229 MB); int8 groups cost ~1/4 of it and move logits less than the 4-bit linears do.
-DEFAULT_EMBEDDING_WEIGHTS = EmbeddingWeights.INT8
-
-# HTP arch floors, from the ExecuTorch Qualcomm backend's documentation.
-_QNN_ARCH_RULES: dict[Recipe, _Rule] = {
-    Recipe.A16W4_BLOCK: _Rule(HtpArch.V69, "LPBQ (16a4w_block) needs HTP >= V69"),
-    Recipe.A16W16: _Rule(HtpArch.V73, "16-bit weight matmul (16a16w) needs HTP >= V73"),
-    Recipe.FP16: _Rule(HtpArch.V69, "the HTP float16 datapath starts at V69"),
-}
-
-
 def recipes_for(backend: Backend, soc: Soc | None = None) -> tuple[Recipe, ...]:
     """The recipes `backend` (on `soc`, for QNN) can run."""
     allowed = BACKENDS[backend].recipes
@@ -281,7 +267,7 @@ def recipes_for(backend: Backend, soc: Soc | None = None) -> tuple[Recipe, ...]:
         allowed = tuple(
             r
             for r in allowed
-            if (rule := _QNN_ARCH_RULES.get(r)) is None or soc.htp_arch >= rule.min_arch
+            if (floor := r.traits.htp_floor) is None or soc.htp_arch >= floor.arch
         )
     return allowed
 
@@ -300,13 +286,13 @@ def check_recipe(backend: Backend, recipe: Recipe, soc: Soc | None, field: str =
             f"backend {backend.value} cannot run it: {why}",
             allowed=tuple(r.value for r in recipes_for(backend, soc)),
         )
-    rule = _QNN_ARCH_RULES.get(recipe) if backend is Backend.QNN else None
-    if rule is not None and soc is not None and soc.htp_arch < rule.min_arch:
+    floor = recipe.traits.htp_floor if backend is Backend.QNN else None
+    if floor is not None and soc is not None and soc.htp_arch < floor.arch:
         suggestion = "16a4w is the suggested baseline on older HTP"
         raise ConfigValidationError(
             field,
             recipe.value,
-            f"{rule.why}, and {soc.name} is {soc.htp_arch}; {suggestion}",
+            f"{floor.why}, and {soc.name} is {soc.htp_arch}; {suggestion}",
             allowed=tuple(r.value for r in recipes_for(backend, soc)),
         )
 
@@ -331,38 +317,6 @@ def check_weight_sharing(backend: Backend, soc: Soc | None, field: str = "weight
             field, True,
             f"QNN weight sharing needs HTP >= {WEIGHT_SHARING_MIN_ARCH}, and {soc.name} is "
             f"{soc.htp_arch}; drop it (each method then carries its own weights)",
-        )
-
-
-def check_group_size(
-    backend: Backend, recipe: Recipe, group_size: int, field: str = "group_size"
-) -> None:
-    """Refuse a weight group size the recipe does not use or the backend cannot run, saying why."""
-    if recipe is not Recipe.A8DW4:
-        if group_size != DEFAULT_GROUP_SIZE:
-            raise ConfigValidationError(
-                field, group_size,
-                f"only 8da4w groups its weights; {recipe.value} has "
-                + ("blocks (set block_size)" if recipe is Recipe.A16W4_BLOCK
-                   else "one scale per output channel")
-                + "; drop group_size or use --recipe 8da4w",
-            )
-        return
-    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 2:
-        raise ConfigValidationError(
-            field, group_size,
-            f"8da4w weight groups are a number of input channels, at least 2; the default is "
-            f"{DEFAULT_GROUP_SIZE}",
-        )
-    if backend is Backend.XNNPACK and group_size % GROUP_SIZE_MULTIPLE:
-        # Measured: ExecuTorch 1.5.1's XNNPACK lowering asserts "requires group_size to be a
-        # multiple of 32" for 8, 16 and 48; 32 and 64 lower and run.
-        raise ConfigValidationError(
-            field, group_size,
-            f"XNNPACK's blockwise 4-bit kernels take groups that are a multiple of "
-            f"{GROUP_SIZE_MULTIPLE} input channels; use {DEFAULT_GROUP_SIZE} (the default), 64, "
-            "128 ... (portable takes any size); a linear whose input size the group does not "
-            "divide stays float",
         )
 
 

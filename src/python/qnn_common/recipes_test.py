@@ -10,15 +10,17 @@ from qnn_common.config import CompileConfig, QuantizeConfig
 from qnn_common.errors import ConfigValidationError
 from qnn_common.recipes import (
     BACKENDS,
-    DEFAULT_GROUP_SIZE,
+    RECIPES,
     Backend,
     Recipe,
+    WeightGroups,
     WeightRounding,
     check_recipe,
     parse_enum,
     recipes_for,
 )
 from qnn_common.soc import SOCS, HtpArch, Soc
+from qnn_common.weight_groups import DEFAULT_GROUP_SIZE
 
 ALL_SOCS = tuple(SOCS.values())
 QUANTIZED = tuple(r for r in Recipe if r.is_quantized)
@@ -328,3 +330,31 @@ def test_backend_traits_agree_with_the_recipe_rules(backend: Backend) -> None:
     check_recipe(backend, traits.float_recipe, soc)  # the float default is always allowed
     # Run-time activation scales are what 8da4w is: a backend runs it exactly when it has them.
     assert (Recipe.A8DW4 in traits.recipes) is traits.dynamic_activations
+
+
+@pytest.mark.parametrize("recipe", list(Recipe))
+def test_recipe_traits_agree_with_the_recipe_and_the_backends(recipe: Recipe) -> None:
+    traits = RECIPES[recipe]
+    assert recipe.traits is traits
+    # The name a user types spells the traits: "<a>[d]a<w>w[_block]", or a float.
+    if traits.activation_bits is None:
+        assert traits.weight_bits is None and recipe.value.startswith("fp")
+        assert traits.qnn_dtype is None and traits.weight_groups is None and not traits.dynamic
+    else:
+        d = "d" if traits.dynamic else ""
+        assert recipe.value.startswith(f"{traits.activation_bits}{d}a{traits.weight_bits}w")
+        assert (recipe.value.endswith("_block")) is (traits.weight_groups is WeightGroups.LPBQ)
+    # Groups of scales are for 4-bit weights only.
+    assert traits.weight_groups is None or traits.weight_bits == 4
+    # QNN quantizes exactly the recipes that name a QuantDtype; its float recipe is fp16.
+    on_qnn = recipe in BACKENDS[Backend.QNN].recipes
+    assert (traits.qnn_dtype is not None) is (on_qnn and recipe.is_quantized)
+    # A run-time activation scale needs a backend that has them (the HTP fixes every scale).
+    assert not traits.dynamic or all(
+        BACKENDS[b].dynamic_activations for b in Backend if recipe in BACKENDS[b].recipes)
+    # An HTP floor is a QNN rule: the recipe runs there from that arch on, not before.
+    if traits.htp_floor is not None:
+        assert on_qnn
+        for soc in ALL_SOCS:
+            assert (recipe in recipes_for(Backend.QNN, soc)) is (
+                soc.htp_arch >= traits.htp_floor.arch)

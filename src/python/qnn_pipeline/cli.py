@@ -22,9 +22,10 @@ from qnn_common.config import DEFAULT_LPBQ_BLOCK, Stage
 from qnn_common.errors import ConfigValidationError
 from qnn_common.gates import default_eval_gates
 from qnn_common.manifest import MANIFEST_NAME
-from qnn_common.recipes import Backend, EmbeddingWeights, GroupMapping, Recipe
+from qnn_common.recipes import Backend, Recipe
 from qnn_common.sealing import load_manifest
 from qnn_common.soc import soc_names
+from qnn_common.weight_groups import EmbeddingWeights, GroupMapping
 from qnn_compile.cli import (
     add_htp_performance_mode_arg,
     add_num_shards_arg,

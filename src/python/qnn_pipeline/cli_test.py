@@ -8,7 +8,8 @@ import pytest
 
 from qnn_common.config import Stage
 from qnn_common.errors import ConfigValidationError
-from qnn_common.recipes import Backend, GroupMapping, Recipe
+from qnn_common.recipes import Backend, Recipe
+from qnn_common.weight_groups import GroupMapping
 from qnn_pipeline.cli import build_parser, context_from_args, main
 from qnn_pipeline.context import PipelineContext
 

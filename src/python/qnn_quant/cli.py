@@ -17,18 +17,15 @@ from qnn_common.cli.support import (
     setup_logging,
 )
 from qnn_common.config import DEFAULT_LPBQ_BLOCK, QuantizeConfig
-from qnn_common.recipes import (
+from qnn_common.recipes import Backend, Recipe, WeightRounding, parse_enum
+from qnn_common.stages import QuantizeInput
+from qnn_common.weight_groups import (
     DEFAULT_EMBEDDING_WEIGHTS,
     DEFAULT_GROUP_SIZE,
     DEFAULT_INT8_WEIGHTS,
-    Backend,
     EmbeddingWeights,
     GroupMapping,
-    Recipe,
-    WeightRounding,
-    parse_enum,
 )
-from qnn_common.stages import QuantizeInput
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from qnn_common.recipes import EmbeddingWeights
+from qnn_common.weight_groups import EmbeddingWeights
 from qnn_quant.graph_params import INT4, give_quantized_weight, owner
 from qnn_quant.layers import module_path
 

@@ -13,8 +13,9 @@ from torch import nn
 from qnn_common.config import QuantizeConfig
 from qnn_common.errors import ConfigValidationError
 from qnn_common.metrics import sqnr_db
-from qnn_common.recipes import Backend, EmbeddingWeights, Recipe
+from qnn_common.recipes import Backend, Recipe
 from qnn_common.target import Target
+from qnn_common.weight_groups import EmbeddingWeights
 from qnn_quant.intx import quantize_program_8da4w
 
 VOCAB, WIDTH = 300, 64

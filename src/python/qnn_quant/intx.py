@@ -18,7 +18,7 @@ and the graph then calls `F.linear` with the quantized weight (the subclass impl
 it runs eagerly (the fake-quant reference: torchao's ops compute per token, as XNNPACK's kernels
 do), saves with torch.export.save, and lowers like any other.
 
-Each 4-bit group maps its 16 levels one of two ways (`qnn_common.recipes.GroupMapping`).
+Each 4-bit group maps its 16 levels one of two ways (`qnn_common.weight_groups.GroupMapping`).
 Asymmetric (the default): from the group's minimum to its maximum, `scale * q + minimum`, the
 form of GGUF's Q4_1 and of GPTQ / AWQ checkpoints. XNNPACK's qb4w weights carry no zero point
 (ExecuTorch serializes them as symmetric nibbles and per-group scales), so the group is split
@@ -53,18 +53,17 @@ from torch.export import ExportedProgram
 
 from qnn_common.config import regex_list
 from qnn_common.errors import ConfigValidationError
-from qnn_common.recipes import (
+from qnn_common.recipes import Recipe, check_recipe
+from qnn_common.target import Target
+from qnn_common.weight_groups import (
     DEFAULT_EMBEDDING_WEIGHTS,
     DEFAULT_GROUP_MAPPING,
     DEFAULT_GROUP_SIZE,
     DEFAULT_INT8_WEIGHTS,
     EmbeddingWeights,
     GroupMapping,
-    Recipe,
     check_group_size,
-    check_recipe,
 )
-from qnn_common.target import Target
 from qnn_quant.embedding import embedding_form, quantize_embeddings
 from qnn_quant.fused_linears import fuse_linears_by_input
 from qnn_quant.graph_params import INT4, add_param, give_quantized_weight

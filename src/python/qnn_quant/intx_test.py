@@ -13,8 +13,9 @@ from torch import nn
 from qnn_common.config import QuantizeConfig
 from qnn_common.errors import ConfigValidationError
 from qnn_common.metrics import sqnr_db
-from qnn_common.recipes import Backend, GroupMapping, Recipe, default_group_mapping
+from qnn_common.recipes import Backend, Recipe
 from qnn_common.target import Target
+from qnn_common.weight_groups import GroupMapping, default_group_mapping
 from qnn_quant.intx import quantize_program_8da4w, split_asymmetric
 from qnn_quant.report import accuracy_report
 

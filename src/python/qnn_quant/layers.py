@@ -41,14 +41,9 @@ import torch
 
 from qnn_common.config import regex_list
 from qnn_common.errors import ConfigValidationError
-from qnn_common.recipes import (
-    BACKENDS,
-    DEFAULT_INT8_WEIGHTS,
-    Backend,
-    Recipe,
-    check_dynamic_layers,
-)
+from qnn_common.recipes import BACKENDS, Backend, Recipe, check_dynamic_layers
 from qnn_common.target import Target
+from qnn_common.weight_groups import DEFAULT_INT8_WEIGHTS
 
 # The FFN down projections that write the outliers.
 OUTLIER_LAYERS: tuple[str, ...] = (r"encoder\.layer\.\d+\.output\.dense$",)
@@ -161,7 +156,7 @@ def compile_patterns(patterns: Sequence[str], field: str) -> list[re.Pattern[str
 
 def int8_linears(gm: torch.fx.GraphModule, int8_weights: Sequence[str] | None) -> frozenset[str]:
     """Names of the linear nodes of `gm` whose module path matches an `int8_weights` regex
-    (None: `recipes.DEFAULT_INT8_WEIGHTS`, a causal LM's output head): 16a4w_block gives them
+    (None: `weight_groups.DEFAULT_INT8_WEIGHTS`, a causal LM's output head): 16a4w_block gives them
     8-bit weights per channel instead of LPBQ blocks, as 8da4w does (`qnn_quant.intx`)."""
     patterns = compile_patterns(
         DEFAULT_INT8_WEIGHTS if int8_weights is None else int8_weights, "quantize.int8_weights"

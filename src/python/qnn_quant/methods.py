@@ -32,19 +32,21 @@ from qnn_common.llm import (
     method_steps,
 )
 from qnn_common.recipes import (
+    Recipe,
+    WeightRounding,
+    check_weight_rounding,
+    default_weight_rounding,
+)
+from qnn_common.target import Target
+from qnn_common.torchio.programs import share_equal_weights
+from qnn_common.weight_groups import (
     DEFAULT_EMBEDDING_WEIGHTS,
     DEFAULT_GROUP_SIZE,
     DEFAULT_INT8_WEIGHTS,
     EmbeddingWeights,
     GroupMapping,
-    Recipe,
-    WeightRounding,
-    check_weight_rounding,
     default_group_mapping,
-    default_weight_rounding,
 )
-from qnn_common.target import Target
-from qnn_common.torchio.programs import share_equal_weights
 from qnn_quant.gptq import GptqResult
 from qnn_quant.intx import IntxResult, four_bit_linears, quantize_methods_8da4w
 from qnn_quant.layers import module_path, plan_layers

@@ -26,21 +26,24 @@ from qnn_common.cli.noise import printed_noise_filtered
 from qnn_common.config import DEFAULT_LPBQ_BLOCK
 from qnn_common.errors import ConfigValidationError
 from qnn_common.recipes import (
-    DEFAULT_EMBEDDING_WEIGHTS,
-    DEFAULT_GROUP_SIZE,
     Backend,
-    EmbeddingWeights,
-    GroupMapping,
     Recipe,
+    WeightGroups,
     WeightRounding,
     check_recipe,
     check_weight_rounding,
-    default_group_mapping,
     default_weight_rounding,
 )
 from qnn_common.target import Target
 from qnn_common.torchio.program_state import initial_buffers_kept
 from qnn_common.torchio.samples import ModelInputs, as_model_inputs
+from qnn_common.weight_groups import (
+    DEFAULT_EMBEDDING_WEIGHTS,
+    DEFAULT_GROUP_SIZE,
+    EmbeddingWeights,
+    GroupMapping,
+    default_group_mapping,
+)
 from qnn_quant.gptq import GptqResult
 from qnn_quant.graph_rewrites import constant_matmuls_as_linear, constant_weight_views_folded
 from qnn_quant.intx import IntxResult, quantize_program_8da4w
@@ -251,7 +254,8 @@ def prepare_program(
     spec = QuantizerSpec(
         target, recipe, per_channel, block_size, plan.float_nodes, plan.dynamic_nodes,
         group_mapping or default_group_mapping(recipe),
-        int8_linears(graph_module, int8_weights) if recipe is Recipe.A16W4_BLOCK else frozenset(),
+        int8_linears(graph_module, int8_weights)
+        if recipe.traits.weight_groups is WeightGroups.LPBQ else frozenset(),
     )
     quantizer = quantizer_for(spec, graph_module)
     # The QNN quantizer print()s a line per node of an op it has no config for (dropout...).

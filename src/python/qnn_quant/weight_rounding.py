@@ -17,14 +17,14 @@ from collections.abc import Callable, Mapping
 
 import torch
 
-from qnn_common.recipes import Recipe, WeightRounding
+from qnn_common.recipes import Recipe, WeightGroups, WeightRounding
 from qnn_quant.gptq import GptqResult, pin_weight_scales, round_weights
 from qnn_quant.released_memory import return_freed_heap
 
 
 def rounds_during_calibration(recipe: Recipe) -> bool:
     """Whether `recipe`'s GPTQ rounds onto scales its quantizer chooses (LPBQ's blocks)."""
-    return recipe is Recipe.A16W4_BLOCK
+    return recipe.traits.weight_groups is WeightGroups.LPBQ
 
 
 def round_before_prepare(

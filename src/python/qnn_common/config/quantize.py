@@ -12,15 +12,11 @@ from qnn_common.config.checks import (
 )
 from qnn_common.errors import ConfigValidationError
 from qnn_common.recipes import (
-    DEFAULT_EMBEDDING_WEIGHTS,
-    DEFAULT_GROUP_SIZE,
     Backend,
-    EmbeddingWeights,
-    GroupMapping,
     Recipe,
+    WeightGroups,
     WeightRounding,
     check_dynamic_layers,
-    check_group_size,
     check_recipe,
     check_weight_rounding,
     default_weight_rounding,
@@ -28,6 +24,13 @@ from qnn_common.recipes import (
 )
 from qnn_common.soc import Soc
 from qnn_common.target import Target
+from qnn_common.weight_groups import (
+    DEFAULT_EMBEDDING_WEIGHTS,
+    DEFAULT_GROUP_SIZE,
+    EmbeddingWeights,
+    GroupMapping,
+    check_group_size,
+)
 
 # LPBQ block along a linear weight's input dimension (upstream's Llama export uses the same).
 DEFAULT_LPBQ_BLOCK = 16
@@ -44,17 +47,17 @@ class QuantizeConfig:
     per_channel: bool = True
     # 16a4w_block (LPBQ) only: weights share a scale in blocks of this many input channels.
     block_size: int = DEFAULT_LPBQ_BLOCK
-    # 8da4w only: input channels per 4-bit weight scale (qnn_common.recipes.DEFAULT_GROUP_SIZE).
+    # 8da4w only: input channels per 4-bit weight scale (weight_groups.DEFAULT_GROUP_SIZE).
     group_size: int = DEFAULT_GROUP_SIZE
     # 8da4w and 16a4w_block: how a 4-bit group's (or LPBQ block's) levels map to values
-    # (qnn_common.recipes.GroupMapping). None: the recipe's default (default_group_mapping:
+    # (qnn_common.weight_groups.GroupMapping). None: the recipe's default (default_group_mapping:
     # asymmetric for 8da4w, symmetric for 16a4w_block).
     group_mapping: GroupMapping | None = None
     # 8da4w and 16a4w_block: regexes over module paths of linear layers given 8-bit weights (one
     # scale per output channel) instead of 4-bit groups or blocks. None: the default (a causal
-    # LM's output head, recipes.DEFAULT_INT8_WEIGHTS).
+    # LM's output head, weight_groups.DEFAULT_INT8_WEIGHTS).
     int8_weights: tuple[str, ...] | None = None
-    # 8da4w only: how embedding tables are stored (qnn_common.recipes.EmbeddingWeights).
+    # 8da4w only: how embedding tables are stored (qnn_common.weight_groups.EmbeddingWeights).
     embedding_weights: EmbeddingWeights = DEFAULT_EMBEDDING_WEIGHTS
     # 8da4w, causal LMs: divide the block of channels holding a linear input's largest
     # activations by a power of two where the input is made (a norm's weight, a gated MLP's up
@@ -110,7 +113,8 @@ class QuantizeConfig:
                      "quantize.recipe")
         positive("quantize.report_layers", self.report_layers, minimum=0)
         positive("quantize.block_size", self.block_size, minimum=2)
-        if self.block_size != DEFAULT_LPBQ_BLOCK and self.recipe is not Recipe.A16W4_BLOCK:
+        lpbq = self.recipe.traits.weight_groups is WeightGroups.LPBQ
+        if self.block_size != DEFAULT_LPBQ_BLOCK and not lpbq:
             raise ConfigValidationError(
                 "quantize.block_size", self.block_size,
                 "only the 16a4w_block (LPBQ) recipe quantizes weights in blocks",

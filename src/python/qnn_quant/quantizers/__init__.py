@@ -9,8 +9,9 @@ import torch
 
 from qnn_common.config import DEFAULT_LPBQ_BLOCK
 from qnn_common.errors import BackendNotAvailableError
-from qnn_common.recipes import Backend, GroupMapping, Recipe
+from qnn_common.recipes import Backend, Recipe
 from qnn_common.target import Target
+from qnn_common.weight_groups import GroupMapping
 
 
 @dataclass(frozen=True)

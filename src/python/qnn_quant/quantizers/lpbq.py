@@ -5,7 +5,7 @@ scales themselves 4-bit multiples of a per-channel scale). `configure` prepares 
 QnnQuantizer for it:
 
 1. **Asymmetric groups** (`GroupMapping.ASYMMETRIC`, asked for; 8da4w's default, not LPBQ's,
-   `recipes.default_group_mapping`): each blockable
+   `weight_groups.default_group_mapping`): each blockable
    linear's weight is split into a symmetric part, `scale * q` with q in -8..7 per block (what
    LPBQ holds), and each block's offset, `minimum + 8 * scale`, times the sum of the block's
    inputs: a 0/1 "group sum" linear and a small "group offset" linear (1/block of the weight),
@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from qnn_common.recipes import GroupMapping
+from qnn_common.weight_groups import GroupMapping
 from qnn_quant.graph_params import add_param, give_fake_values, owner
 from qnn_quant.graph_rewrites import linears_as_pointwise_convs
 from qnn_quant.intx import add_group_offset, group_sums_node, split_asymmetric

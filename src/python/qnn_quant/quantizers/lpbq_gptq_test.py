@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from qnn_common.recipes import Backend, GroupMapping, Recipe, WeightRounding
+from qnn_common.recipes import Backend, Recipe, WeightRounding
 from qnn_common.soc import lookup_soc
 from qnn_common.target import Target
+from qnn_common.weight_groups import GroupMapping
 from qnn_quant.gptq import GptqResult, gptq, nearest
 from qnn_quant.pt2e import quantize_program_with_gptq
 from qnn_quant.quantizers.lpbq_observer import lpbq_scales

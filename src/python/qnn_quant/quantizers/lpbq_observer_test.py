@@ -6,9 +6,10 @@ import pytest
 import torch
 
 from qnn_common.metrics import sqnr_db
-from qnn_common.recipes import Backend, GroupMapping, Recipe
+from qnn_common.recipes import Backend, Recipe
 from qnn_common.soc import lookup_soc
 from qnn_common.target import Target
+from qnn_common.weight_groups import GroupMapping
 from qnn_quant.pt2e import quantize_program
 from qnn_quant.quantizers.lpbq_observer import lpbq_scales
 

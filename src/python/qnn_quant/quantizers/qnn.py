@@ -17,19 +17,14 @@ import torch
 
 from qnn_common.errors import ConfigValidationError
 from qnn_common.llm_spec import MASK_VALUE
-from qnn_common.recipes import Recipe
+from qnn_common.recipes import RECIPES, Recipe, WeightGroups
 from qnn_quant.quantizers import QuantizerSpec, lpbq
 
-# Recipe -> QuantDtype member name. Looked up by name and tested with `is None`: QuantDtype is an
-# IntEnum whose use_16a16w is 0, so `if dtype:` would silently drop 16a16w.
+# Recipe -> QuantDtype member name (`RecipeTraits.qnn_dtype`). Looked up by name and tested with
+# `is None`: QuantDtype is an IntEnum whose use_16a16w is 0, so `if dtype:` would silently drop
+# 16a16w.
 QNN_DTYPES: dict[Recipe, str] = {
-    Recipe.A8W8: "use_8a8w",
-    Recipe.A8W4: "use_8a4w",
-    Recipe.A16W8: "use_16a8w",
-    Recipe.A16W16: "use_16a16w",
-    Recipe.A16W4: "use_16a4w",
-    Recipe.A16W4_BLOCK: "use_16a4w_block",
-    Recipe.A16W2: "use_16a2w",
+    r: t.qnn_dtype for r, t in RECIPES.items() if t.qnn_dtype is not None
 }
 
 # Casts from an integer to a float dtype, as export spells them.
@@ -191,7 +186,7 @@ def quantizer(spec: QuantizerSpec, gm: torch.fx.GraphModule) -> Any:
         is_linear_per_channel=spec.per_channel,
         act_observer=MinMaxObserver,
     )
-    if recipe is Recipe.A16W4_BLOCK:
+    if recipe.traits.weight_groups is WeightGroups.LPBQ:
         offsets_config = ModuleQConfig(
             QuantDtype.use_16a8w, is_conv_per_channel=True, is_linear_per_channel=True,
             act_observer=MinMaxObserver,

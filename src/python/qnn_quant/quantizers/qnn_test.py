@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from qnn_common.llm_spec import MASK_VALUE
-from qnn_common.recipes import GroupMapping
+from qnn_common.weight_groups import GroupMapping
 from qnn_quant.quantizers.lpbq import (
     block_sizes,
     configure,
