@@ -55,10 +55,10 @@ def test_smooth_blocks_is_8da4ws_default_and_refused_off_elsewhere() -> None:
 
 def test_custom_ops_follow_the_backend_unless_said() -> None:
     prompt = ("--model", "tiny-llama", "--prompt", "Hi")
-    assert _ctx(*prompt).prepare.custom_ops
-    assert not _ctx(*prompt, "--no-custom-ops").prepare.custom_ops
-    assert not _ctx(*prompt, "--backend", "portable").prepare.custom_ops
-    assert _ctx(*prompt, "--backend", "portable", "--custom-ops").prepare.custom_ops
+    assert _ctx(*prompt).prepare.custom_ops is None  # where the model's attention allows
+    assert _ctx(*prompt, "--no-custom-ops").prepare.custom_ops is False
+    assert _ctx(*prompt, "--backend", "portable").prepare.custom_ops is False
+    assert _ctx(*prompt, "--backend", "portable", "--custom-ops").prepare.custom_ops is True
 
 
 def test_flags_override_the_toml_file(tmp_path: Path) -> None:

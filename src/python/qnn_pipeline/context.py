@@ -174,8 +174,10 @@ class PipelineContext:
                 and "kv_io" not in prepare:
             prepare["kv_io"] = True  # no mutable buffers (QNN): the host keeps the cache
         if BACKENDS[backend].llm_custom_ops and prepare.get("kv_cache") \
-                and "custom_ops" not in prepare:
-            prepare["custom_ops"] = True
+                and prepare.get("custom_ops") is None:
+            # Where the model's attention allows (custom_sdpa computes plain causal attention
+            # only): a default must work for every model, so it is not a refusal.
+            prepare["custom_ops"] = None
         return cls(
             prepare=_build(PrepareConfig, "prepare", prepare, dict(model=model)),
             quantize=q,

@@ -45,8 +45,10 @@ class PrepareConfig:
     kv_io: bool = False
     # With kv_cache: write and read the cache with ExecuTorch's LLM custom ops (update_cache,
     # custom_sdpa) instead of transformers' static cache; what ExecuTorch's own Llama export does
-    # for XNNPACK. The pipeline sets it from the backend (`BackendTraits.llm_custom_ops`).
-    custom_ops: bool = False
+    # for XNNPACK. None: where the model's attention is what custom_sdpa computes (plain causal
+    # attention), the pipeline's default on backends that have them (`BackendTraits.
+    # llm_custom_ops`); true refuses a model whose attention is not that.
+    custom_ops: bool | None = False
     # With kv_io: the cache's first slot holds the tokenizer's BOS token, computed in float here,
     # and every text follows it (`LlmSpec.sink_token_id`): the program never computes the
     # first token's outsized activations, so 16-bit activations get a far finer grid. No effect

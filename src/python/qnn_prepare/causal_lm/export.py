@@ -14,6 +14,7 @@ built-ins `tiny-llama` and `tiny-qwen` (`qnn_prepare.causal_lm.tiny_decoders`) a
 from __future__ import annotations
 
 import importlib.resources
+import logging
 import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -35,6 +36,8 @@ from qnn_prepare.causal_lm.tiny_decoders import (
     text_bytes,
 )
 from qnn_prepare.hf_dir import WEIGHT_ERRORS, read_auto_config, read_tokenizer, weights_error
+
+log = logging.getLogger(__name__)
 
 # Context length when neither the user nor a small model's config asks for less.
 DEFAULT_MAX_SEQ_LEN = 512
@@ -280,15 +283,23 @@ class StaticCacheLm(nn.Module):
 
 
 def export_methods(
-    lm: CausalLm, *, custom_ops: bool = False
+    lm: CausalLm, *, custom_ops: bool | None = False
 ) -> dict[str, torch.export.ExportedProgram]:
     """torch.export ``prefill`` (prefill_len tokens) and ``decode`` (1 token) of one module.
 
     A decoder with plain scaled dot-product attention is exported with `grouped_attention`
     (the same values; grouped-query attention without a copy of the cache per query head), or
     with `custom_ops`, its cache and attention as ExecuTorch's LLM custom ops
-    (`custom_op_attention`)."""
+    (`custom_op_attention`); `custom_ops` None: those where the attention is plain, transformers'
+    own attention over a static cache where it is not (soft-capping, sinks, another family)."""
     plain = grouped_attention.uses_plain_attention(lm.hf)
+    if custom_ops is None:
+        custom_ops = plain
+        if not plain:
+            log.info(
+                "%s's attention is not plain causal attention (soft-capping, sinks or another "
+                "family), which ExecuTorch's custom_sdpa computes: exported without custom ops, "
+                "its own attention over a static cache", type(lm.hf).__name__)
     if custom_ops and not plain:
         raise ConfigValidationError(
             "prepare.custom_ops", type(lm.hf).__name__,

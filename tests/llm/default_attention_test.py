@@ -1,0 +1,66 @@
+"""The default a pipeline picks for a decoder must be one that works for it (issue 52): on
+XNNPACK a KV-cache export uses ExecuTorch's LLM custom ops where the model's attention is what
+custom_sdpa computes, and transformers' own attention over a static cache where it is not,
+instead of refusing the model. Asked for explicitly, custom ops are still refused for such a
+model, with the way out."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from qnn_common.config import Stage
+from qnn_common.errors import ConfigValidationError
+from qnn_pipeline.context import PipelineContext
+from qnn_pipeline.orchestrator import run_pipeline
+
+
+def _tiny_granite(directory: Path) -> Path:
+    """A seeded 2-layer Granite decoder and no tokenizer (bytes): attention scaled by
+    `attention_multiplier`, not 1/sqrt(head_dim), so not custom_sdpa's."""
+    from transformers import GraniteConfig, GraniteForCausalLM
+
+    torch.manual_seed(7)
+    config = GraniteConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=256, max_position_embeddings=64,
+        attention_multiplier=0.05,
+    )
+    GraniteForCausalLM(config).eval().save_pretrained(directory)
+    return directory
+
+
+def _create(model: Path, out: Path, **prepare: Any) -> PipelineContext:
+    return PipelineContext.create(
+        str(model), recipe="fp32", out_dir=out,
+        prepare={"kv_cache": True, "max_seq_len": 32, "prefill_len": 8,
+                 "calibration_samples": 2, "eval_samples": 2, **prepare},
+        infer={"generation": {"prompt": "Once upon", "max_new_tokens": 4}},
+    )
+
+
+def _program_ops(summary: dict[str, Any]) -> str:
+    (entry,) = (s for s in summary["stages"] if s["name"] == Stage.COMPILE.value)
+    return (Path(entry["artifact"]) / "model.pte").read_bytes().decode("latin-1")
+
+
+def test_a_decoder_whose_attention_custom_sdpa_cannot_compute_runs_by_default(
+    tmp_path: Path,
+) -> None:
+    model = _tiny_granite(tmp_path / "granite")
+    ctx = _create(model, tmp_path / "out")
+    assert ctx.prepare.custom_ops is None  # where the model allows
+    summary = run_pipeline(ctx).checked().summary
+    generation = summary["generation"]
+    assert generation["new_tokens"] == 4
+    # Its float program is the model's: transformers' attention, not custom_sdpa.
+    assert "custom_sdpa" not in _program_ops(summary)
+    next_token = generation["next_token"]["program"]
+    assert next_token["kl_divergence"]["mean"] < 1e-4 and next_token["same_top_percent"] == 100.0
+    # Asked for by name, custom ops are refused for it, saying what to do.
+    asked = _create(model, tmp_path / "asked", custom_ops=True)
+    with pytest.raises(ConfigValidationError, match="export it without custom ops"):
+        run_pipeline(asked).checked()
