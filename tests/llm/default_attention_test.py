@@ -2,7 +2,8 @@
 XNNPACK a KV-cache export uses ExecuTorch's LLM custom ops where the model's attention is what
 custom_sdpa computes, and transformers' own attention over a static cache where it is not,
 instead of refusing the model. Asked for explicitly, custom ops are still refused for such a
-model, with the way out."""
+model, with the way out. A causal LM is what transformers loads as one, GPT-2's
+`GPT2LMHeadModel` included, not only a `*ForCausalLM`."""
 
 from __future__ import annotations
 
@@ -33,9 +34,19 @@ def _tiny_granite(directory: Path) -> Path:
     return directory
 
 
-def _create(model: Path, out: Path, **prepare: Any) -> PipelineContext:
+def _tiny_gpt2(directory: Path) -> Path:
+    """A seeded 2-layer GPT-2 (learned positions, Conv1D projections), no tokenizer."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(3)
+    config = GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=256, n_positions=64)
+    GPT2LMHeadModel(config).eval().save_pretrained(directory)
+    return directory
+
+
+def _create(model: Path, out: Path, recipe: str = "fp32", **prepare: Any) -> PipelineContext:
     return PipelineContext.create(
-        str(model), recipe="fp32", out_dir=out,
+        str(model), recipe=recipe, out_dir=out,
         prepare={"kv_cache": True, "max_seq_len": 32, "prefill_len": 8,
                  "calibration_samples": 2, "eval_samples": 2, **prepare},
         infer={"generation": {"prompt": "Once upon", "max_new_tokens": 4}},
@@ -64,3 +75,22 @@ def test_a_decoder_whose_attention_custom_sdpa_cannot_compute_runs_by_default(
     asked = _create(model, tmp_path / "asked", custom_ops=True)
     with pytest.raises(ConfigValidationError, match="export it without custom ops"):
         run_pipeline(asked).checked()
+
+
+def test_gpt2_is_a_causal_lm_and_generates_with_every_setting_at_its_default(
+    tmp_path: Path,
+) -> None:
+    model = _tiny_gpt2(tmp_path / "gpt2")
+    ctx = PipelineContext.create(
+        str(model), out_dir=tmp_path / "out",
+        prepare={"max_seq_len": 32, "prefill_len": 8, "calibration_samples": 2,
+                 "eval_samples": 2},
+        infer={"generation": {"prompt": "Once upon", "max_new_tokens": 4}},
+    )
+    assert ctx.recipe.value == "8a8w" and ctx.prepare.kv_cache  # the defaults
+    summary = run_pipeline(ctx).checked().summary
+    assert summary["generation"]["new_tokens"] == 4
+    assert "custom_sdpa" not in _program_ops(summary)
+    # Its 8a8w program against fp32 on the held-out windows, under the default gates.
+    program = summary["generation"]["next_token"]["program"]
+    assert program["same_top_percent"] >= 80.0

@@ -140,8 +140,18 @@ class HfDir:
 
     @property
     def is_causal_lm(self) -> bool:
-        """Whether its architecture is a ``*ForCausalLM`` (a decoder with an LM head)."""
-        return any(a.endswith("ForCausalLM") for a in self.architectures)
+        """Whether its architecture is a causal LM (`is_causal_lm_architecture`)."""
+        return any(is_causal_lm_architecture(a) for a in self.architectures)
+
+
+def is_causal_lm_architecture(name: str) -> bool:
+    """Whether transformers loads architecture `name` as a causal LM: a ``*ForCausalLM``, or one
+    of its causal-LM mapping by another name (GPT-2's ``GPT2LMHeadModel``)."""
+    if name.endswith("ForCausalLM"):
+        return True
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    return name in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values()
 
     def load_error(self, err: Exception) -> ArtifactError:
         """The error for weights that do not load."""

@@ -35,7 +35,13 @@ from qnn_prepare.causal_lm.tiny_decoders import (
     save_tiny_decoder,
     text_bytes,
 )
-from qnn_prepare.hf_dir import WEIGHT_ERRORS, read_auto_config, read_tokenizer, weights_error
+from qnn_prepare.hf_dir import (
+    WEIGHT_ERRORS,
+    is_causal_lm_architecture,
+    read_auto_config,
+    read_tokenizer,
+    weights_error,
+)
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +113,7 @@ class CausalLm:
 
 
 def is_causal_lm_dir(path: Path) -> bool:
-    """Whether `path` is a HF directory whose architecture is a ``*ForCausalLM``."""
+    """Whether `path` is a HF directory whose architecture transformers loads as a causal LM."""
     config = path / "config.json"
     if not config.is_file():
         return False
@@ -115,7 +121,7 @@ def is_causal_lm_dir(path: Path) -> bool:
         archs = read_hf_json(config).get("architectures") or []
     except ArtifactError:
         return False  # the loaders say what is wrong with it
-    return isinstance(archs, list) and any(str(a).endswith("ForCausalLM") for a in archs)
+    return isinstance(archs, list) and any(is_causal_lm_architecture(str(a)) for a in archs)
 
 
 def load_causal_lm(
@@ -143,7 +149,7 @@ def _causal_lm_dir(spec: str) -> Path:
         raise ConfigValidationError(
             "model", spec,
             "a KV-cache export (--prompt, kv_cache) needs a causal LM: a built-in decoder or a "
-            "local Hugging Face *ForCausalLM directory",
+            "local Hugging Face causal-LM directory",
             allowed=(*TINY_DECODERS, SMOLLM2),
         )
     if not path.is_dir():
@@ -153,8 +159,9 @@ def _causal_lm_dir(spec: str) -> Path:
     if not is_causal_lm_dir(path):
         raise ConfigValidationError(
             "model", spec,
-            "a KV-cache export needs a causal LM (config.json architectures ending in "
-            "ForCausalLM); drop --prompt / kv_cache for other models",
+            "a KV-cache export needs a causal LM (config.json architectures a *ForCausalLM, "
+            "or another of transformers' causal-LM classes such as GPT2LMHeadModel); drop "
+            "--prompt / kv_cache for other models",
         )
     return path
 

@@ -31,3 +31,12 @@ def test_other_models_are_evaluated_on_text_they_are_not_calibrated_on() -> None
     sentences = [s.strip() for s in HELD_OUT.eval.split(".") if len(s.strip()) > 20]
     assert sentences and not any(s in HELD_OUT.calibration for s in sentences)
     assert "Gettysburg" in HELD_OUT.eval_source and "Alice" in HELD_OUT.calibration_source
+
+
+def test_a_causal_lm_is_what_transformers_loads_as_one() -> None:
+    from qnn_prepare.hf_dir import is_causal_lm_architecture
+
+    for name in ("LlamaForCausalLM", "GPT2LMHeadModel", "OpenAIGPTLMHeadModel"):
+        assert is_causal_lm_architecture(name), name
+    for name in ("BertModel", "BertForSequenceClassification", "T5ForConditionalGeneration"):
+        assert not is_causal_lm_architecture(name), name
