@@ -143,6 +143,10 @@ class HfDir:
         """Whether its architecture is a causal LM (`is_causal_lm_architecture`)."""
         return any(is_causal_lm_architecture(a) for a in self.architectures)
 
+    def load_error(self, err: Exception) -> ArtifactError:
+        """The error for weights that do not load."""
+        return weights_error(self.path, err)
+
 
 def is_causal_lm_architecture(name: str) -> bool:
     """Whether transformers loads architecture `name` as a causal LM: a ``*ForCausalLM``, or one
@@ -152,10 +156,6 @@ def is_causal_lm_architecture(name: str) -> bool:
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     return name in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values()
-
-    def load_error(self, err: Exception) -> ArtifactError:
-        """The error for weights that do not load."""
-        return weights_error(self.path, err)
 
 
 # What transformers raises (a RuntimeError) when a checkpoint's weights and its config disagree.
