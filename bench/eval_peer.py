@@ -43,6 +43,7 @@ from qnn_infer.evaluation.corpus import MAX_WINDOW, windows
 from qnn_infer.evaluation.data import shipped
 from qnn_infer.evaluation.lm import logits
 from qnn_infer.evaluation.program import artifact_text, program_lm
+from qnn_pipeline.eval_cli import run_artifacts
 from qnn_prepare.causal_lm.smollm2 import gguf_path
 from qnn_quant.lm_steps import artifact_lm
 
@@ -53,8 +54,7 @@ def _artifacts(run: Path) -> dict[str, Path]:
     """The run's artifact per stage, from its summary.json; from a run stopped before it wrote
     one (killed during --eval), each stage's newest sealed `STAGE-*` directory."""
     if (run / "summary.json").is_file():
-        summary = json.loads((run / "summary.json").read_text())
-        return {s["name"]: Path(s["artifact"]) for s in summary["stages"] if s.get("artifact")}
+        return {stage.value: path for stage, path in run_artifacts(run).items()}
     found: dict[str, Path] = {}
     for stage in Stage:
         sealed = [d for d in run.glob(f"{stage.value}-*") if (d / "manifest.json").is_file()]

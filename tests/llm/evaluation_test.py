@@ -26,6 +26,7 @@ from qnn_infer.evaluation.program import artifact_text, program_lm
 from qnn_infer.evaluation.report import BLOCKS_SVG, gate_failures
 from qnn_infer.evaluation.tasks import continuation
 from qnn_infer.families.causal_lm import run_generation
+from qnn_pipeline.cli import main as pipeline_main
 from qnn_pipeline.context import PipelineContext
 from qnn_pipeline.evaluation import EVAL_JSON, EVAL_MD, EvalRequest
 from qnn_pipeline.orchestrator import run_pipeline
@@ -255,3 +256,46 @@ def test_the_prompt_suite_replies_as_generation_does(quantized: dict[str, Any]) 
     assert reply.tokens == generated.tokens
     assert calls["evaluation"] == calls["generation"]
     assert calls["evaluation"][:6] == ["prefill"] * 2 + ["decode"] * 4
+
+
+def test_qnn_pipeline_eval_scores_existing_artifacts_and_judges_the_recipe(
+    run: dict[str, Any], quantized: dict[str, Any], tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`qnn-pipeline eval`: a run's artifacts evaluated again, with the recipe's own gates: the
+    fp32 program passes fp32's; tiny-llama 8a8w reads the shipped corpus as foreign text and
+    fails 8a8w's, naming the figures and the recipe to try; the user's data replaces the
+    shipped prompts; artifacts of two runs are refused."""
+    fp32_out = tmp_path / "fp32"
+    assert pipeline_main(["eval", str(run["out"]), "--out", str(fp32_out)]) == 0
+    done = json.loads((fp32_out / EVAL_JSON).read_text())
+    assert done["models"] == ["fp32", "program"] and done["gates"]["ok"] is True
+    assert done["gates"]["thresholds"]["max_kl_mean"] == 0.01  # fp32's bound
+    assert "evaluation (quick) of fp32 on xnnpack" in capsys.readouterr().out
+
+    q = quantized["summary"]
+    args = ["eval", "--prepare", str(_artifact(q, Stage.PREPARE)), "--quantize",
+            str(_artifact(q, Stage.QUANTIZE)), "--compile", str(_artifact(q, Stage.COMPILE))]
+    assert pipeline_main([*args, "--out", str(tmp_path / "q")]) == 2
+    err = capsys.readouterr().err
+    assert "KL divergence from fp32" in err and "try --recipe 16a8w" in err
+    judged = json.loads((tmp_path / "q" / EVAL_JSON).read_text())
+    assert judged["models"] == ["fp32", "fake_quant", "program"]
+    assert (tmp_path / "q" / EVAL_MD).is_file() and (tmp_path / "q" / BLOCKS_SVG).is_file()
+
+    rows = tmp_path / "mine.jsonl"
+    rows.write_text(json.dumps({"prompt": "Alice was", "answers": ["Alice"]}) + "\n")
+    assert pipeline_main([*args, "--out", str(tmp_path / "mine"), "--eval-file", str(rows),
+                          "--no-accuracy-gates"]) == 0
+    mine = json.loads((tmp_path / "mine" / EVAL_JSON).read_text())
+    assert mine["sources"]["prompts"] == f"--eval-file {rows}" and mine["gates"] is None
+
+    # The fp32 run's prepare is this one's (the same float model: its identity is equal), but
+    # its compile artifact was not made from this quantize artifact.
+    mixed = [*args[:5], "--compile", str(_artifact(run["summary"], Stage.COMPILE)),
+             "--out", str(tmp_path / "x")]
+    assert pipeline_main(mixed) == 2
+    assert "was not made from the quantize artifact" in capsys.readouterr().err
+    assert pipeline_main([*args[:3], *args[5:], "--out", str(tmp_path / "x")]) == 2
+    assert "pass its quantize artifact too (--quantize)" in capsys.readouterr().err
+    assert not (tmp_path / "x" / EVAL_JSON).exists()

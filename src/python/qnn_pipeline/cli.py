@@ -58,6 +58,7 @@ EPILOG = """examples:
   qnn-pipeline --model tiny-llama --prompt "Once upon a time"   # KV-cache LLM, generates
   qnn-pipeline sweep --model tiny-cnn,minilm --backend xnnpack,portable --recipe fp32,8a8w
                                                    # a matrix on Ray: qnn-pipeline sweep --help
+  qnn-pipeline eval out --eval-file mine.jsonl      # a run's artifacts evaluated again
 
 """
 
@@ -271,6 +272,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from qnn_pipeline.sweep_cli import sweep_main
 
         return run_cli(sweep_main, args[1:])
+    if args[:1] == ["eval"]:
+        from qnn_pipeline.eval_cli import eval_main
+
+        return run_cli(eval_main, args[1:])
     return run_cli(_main, argv)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,6 @@ from qnn_infer.evaluation.report import (
     gate_failures,
     markdown,
 )
-from qnn_pipeline.summary import StageRecord
 from qnn_quant.block_taps import BlockTap
 from qnn_quant.lm_steps import artifact_lm
 
@@ -49,12 +49,12 @@ class EvalRequest:
 
 
 def run_evaluation(
-    request: EvalRequest, records: list[StageRecord], *, backend: Backend, recipe: Recipe,
+    request: EvalRequest, dirs: Mapping[Stage, Path], *, backend: Backend, recipe: Recipe,
     out_dir: Path, generation: GenerationConfig | None = None,
 ) -> tuple[dict[str, Any], EvalGateError | None]:
-    """Evaluate this run's models; (the summary's "evaluation" entry, the gate failure). The
-    prompt suite feeds each prompt as this run's `generation` fed its prompt."""
-    dirs = {r.stage: r.artifact for r in records if r.artifact is not None}
+    """Evaluate the models of one run's artifacts (`dirs`: prepare and compile, and quantize
+    where there is one); (the summary's "evaluation" entry, the gate failure). The prompt suite
+    feeds each prompt as this run's `generation` fed its prompt."""
     if Stage.PREPARE not in dirs or Stage.COMPILE not in dirs:
         raise ConfigValidationError(
             "eval", request.suite.name,

@@ -304,8 +304,9 @@ def run_pipeline(
     extra: dict[str, Any] = {}
     eval_failure = None
     if evaluation is not None:
+        dirs = {r.stage: r.artifact for r in records if r.artifact is not None}
         extra["evaluation"], eval_failure = run_evaluation(
-            evaluation, records, backend=ctx.backend, recipe=ctx.recipe, out_dir=ctx.out_dir,
+            evaluation, dirs, backend=ctx.backend, recipe=ctx.recipe, out_dir=ctx.out_dir,
             generation=ctx.infer.generation,
         )
     summary, summary_path = write_summary(ctx, records, manifests, extra)
