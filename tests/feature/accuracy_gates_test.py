@@ -102,6 +102,11 @@ def test_a_causal_lm_is_judged_on_its_next_token_by_the_interval_and_the_recipe_
     assert "--max-kl-vs-fp32 0.25 --min-same-top-vs-fp32 74" in message
     assert "fake-quantized model is about as far from fp32 (KL 0.28)" in message
     assert "try --recipe 16a16w" in message
+    # Every flip on a near tie (a near-flat model's rounding): the decided figure passes.
+    ties = {**program, "same_top_decided_percent": {"value": 99.0, "low": 98.0, "high": 100.0}}
+    tied = {**logits, "next_token": {"program": {**ties, "kl_divergence": {
+        "mean": 0.01, "mean_interval": {"value": 0.01, "low": 0.008, "high": 0.012}}}}}
+    assert judge_accuracy(tied, gates, Recipe.A16W8)["ok"] is True
     # The fake-quantized model close to fp32: the compile lost it, no recipe is blamed.
     close = {**lossy, "next_token": {**lossy["next_token"],
                                      "fake_quant": _next_token(0.01, (0.008, 0.012), 95.0,

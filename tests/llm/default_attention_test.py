@@ -94,3 +94,26 @@ def test_gpt2_is_a_causal_lm_and_generates_with_every_setting_at_its_default(
     # Its 8a8w program against fp32 on the held-out windows, under the default gates.
     program = summary["generation"]["next_token"]["program"]
     assert program["same_top_percent"] >= 80.0
+
+
+def test_a_mixture_of_experts_decoder_exports_without_transformers_custom_ops(
+    tmp_path: Path,
+) -> None:
+    """transformers 5 runs MoE experts through a custom op by default (grouped_mm), which no
+    ExecuTorch runtime has: the program failed at serialization, after all the work. The
+    export routes experts through batched matmuls (`export.EXPORTABLE_EXPERTS`): plain ATen."""
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    torch.manual_seed(3)
+    config = Qwen3MoeConfig(
+        hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, num_experts=4, num_experts_per_tok=2,
+        vocab_size=256, max_position_embeddings=64, head_dim=16,
+    )
+    model = tmp_path / "moe"
+    Qwen3MoeForCausalLM(config).eval().save_pretrained(model)
+    summary = run_pipeline(_create(model, tmp_path / "out")).checked().summary
+    assert summary["generation"]["new_tokens"] == 4
+    assert "grouped_mm" not in _program_ops(summary)
+    program = summary["generation"]["next_token"]["program"]
+    assert program["kl_divergence"]["mean"] < 1e-4  # the float program is the eager model

@@ -275,12 +275,17 @@ class NextTokenComparison:
     # gate can judge them as it judges perplexity: by the end of the interval noise cannot reach.
     kl_mean: Interval
     same_top_percent: Interval
+    # The same top token, or a flip where the reference itself barely chose (a near tie): how
+    # often the candidate agrees where the reference decided. What a gate judges: a broken
+    # program flips decided positions, a near-flat model's rounding flips near ties.
+    same_top_decided_percent: Interval
 
     def to_json(self) -> dict[str, Any]:
         return {
             "kl_divergence": {**self.kl.to_json(), "mean_interval": self.kl_mean.to_json(5)},
             **self.top.to_json(),
             "same_top_percent_interval": self.same_top_percent.to_json(3),
+            "same_top_decided_percent": self.same_top_decided_percent.to_json(3),
             "perplexity": self.perplexity.to_json(),
             "perplexity_ratio": self.perplexity_ratio.to_json(digits=5),
         }
@@ -335,6 +340,9 @@ def summarize_windows(
                              resamples, seed, confidence)
     same_top = _mean_interval(np.asarray([100.0 * s.same_top for s in scores]), positions,
                               resamples, seed, confidence)
+    decided = _mean_interval(
+        np.asarray([100.0 * (s.same_top + sum(1 for m in s.flip_margins if m < NEAR_TIE_NATS))
+                    for s in scores]), positions, resamples, seed, confidence)
     ref = np.asarray([s.reference_nll for s in scores])
     cand = np.asarray([s.candidate_nll for s in scores])
     count = np.asarray([float(s.scored) for s in scores])
@@ -344,6 +352,7 @@ def summarize_windows(
     return NextTokenComparison(
         kl, top, _perplexity_interval(cand, count, resamples, seed, confidence),
         _ratio_interval(ref, cand, count, resamples, seed, confidence), kl_mean, same_top,
+        decided,
     )
 
 

@@ -161,6 +161,14 @@ def test_kl_and_same_top_carry_intervals_over_the_windows() -> None:
     out = both.to_json()
     assert out["kl_divergence"]["mean_interval"]["windows"] == 2
     assert out["same_top_percent_interval"]["value"] == 50.0
+    # B's flips were decided (the reference's margin 50 nats): none forgiven.
+    assert both.same_top_decided_percent.value == pytest.approx(50.0)
+    # A reference that barely chose (0.05 nats): a flip there is a near tie, forgiven.
+    tied = np.array([[0.05, 0.0, 0.0]] * 2)
+    other = np.array([[0.0, 0.05, 0.0]] * 2)
+    near = compare_next_tokens([tied, sure], [other, sure], ids)
+    assert near.same_top_percent.value == pytest.approx(50.0)
+    assert near.same_top_decided_percent.value == pytest.approx(100.0)
 
 
 def test_mismatched_inputs_are_refused() -> None:

@@ -46,14 +46,16 @@ def _measured(accuracy: dict[str, Any], comparison: str, metric: str) -> float |
 
 def next_token_bound(record: dict[str, Any] | None, metric: str) -> float | None:
     """A next-token comparison's figure at the end of its interval a gate reads: the KL mean's
-    low end, the same-top %'s high end (the point itself where no interval was recorded)."""
+    low end, the same-top %'s high end, near ties forgiven (the point itself where no interval
+    was recorded)."""
     if record is None:
         return None
     if metric == "kl_mean_low":
         kl = record["kl_divergence"]
         return float(kl.get("mean_interval", {}).get("low", kl["mean"]))
-    return float(record.get("same_top_percent_interval", {}).get(
-        "high", record["same_top_percent"]))
+    # Near-tie flips forgiven where recorded (`same_top_decided_percent`), else every flip.
+    interval = record.get("same_top_decided_percent") or record.get("same_top_percent_interval")
+    return float((interval or {}).get("high", record["same_top_percent"]))
 
 
 class AccuracyGateError(PipelineError):
@@ -142,7 +144,8 @@ def _fake_quant_kl(failures: list[dict[str, Any]], accuracy: dict[str, Any]) -> 
 LABELS = {"sqnr_db": "SQNR", "cosine": "cosine",
           "ratio_vs_fake_quant": "program / fake-quant ratio of",
           "kl_mean_low": "KL divergence from fp32 (its interval's low end) of the",
-          "same_top_high": "same top token as fp32, % (its interval's high end), of the"}
+          "same_top_high": "same top token as fp32 where it decided, % (near ties forgiven; its "
+          "interval's high end), of the"}
 
 
 def _fmt(value: float, metric: str) -> str:

@@ -239,7 +239,9 @@ def test_tasks_pick_the_likeliest_choice_and_count_agreement() -> None:
 def _evaluation(kl: float, top: float, ratio: tuple[float, float, float],
                 mine: Sequence[bool | None],
                 intervals: tuple[tuple[float, float], tuple[float, float]] | None = None,
-                ) -> dict[str, Any]:
+                decided: float | None = None) -> dict[str, Any]:
+    """An evaluation's shape around the figures given; `intervals` the KL mean's and the
+    decided same-top %'s (`decided`, else `top`)."""
     ref_rows = [{"prompt": f"p{i}", "text": "t", "answer_found": True, "margin": None,
                  "same_tokens": 4} for i in range(len(mine))]
     kl_interval: dict[str, Any] = {}
@@ -247,8 +249,8 @@ def _evaluation(kl: float, top: float, ratio: tuple[float, float, float],
     if intervals is not None:
         (kl_low, kl_high), (top_low, top_high) = intervals
         kl_interval = {"mean_interval": {"value": kl, "low": kl_low, "high": kl_high}}
-        top_interval = {"same_top_percent_interval": {"value": top, "low": top_low,
-                                                      "high": top_high}}
+        top_interval = {"same_top_decided_percent": {
+            "value": top if decided is None else decided, "low": top_low, "high": top_high}}
     my_rows = [{**r, "answer_found": m, "margin": None if m else 1.5, "same_tokens": 1}
                for r, m in zip(ref_rows, mine, strict=True)]
     summary = {"prompts": len(mine), "answers_found": 0, "answers_known": len(mine),
@@ -283,7 +285,8 @@ def test_gates_pass_a_good_program_and_name_every_miss_of_a_bad_one() -> None:
     assert len(misses) == 5, misses
     assert "KL divergence from fp32 0.9000 nats per token (no interval recorded) > 0.25" \
         in misses[0]
-    assert "same top token as fp32 60.0 % (no interval recorded) < 80.0 %" in misses[1]
+    assert "same top token as fp32 60.0 %, where fp32 decided (no interval recorded) < 80.0 %" \
+        in misses[1]
     assert "perplexity +60.0 % vs fp32 (interval [+40.0 %, +80.0 %]) > +25 %" in misses[2]
     assert "5 known answers lost and 0 gained of 10 (50.0 points > 10.0)" in misses[3]
     assert misses[4].startswith("try --recipe 8a8w")
@@ -309,10 +312,11 @@ def test_kl_and_same_top_gates_judge_the_end_of_the_interval_noise_cannot_reach(
     misses = gate_failures(clear, gates, "q", Recipe.A8W8)
     assert misses[0] == ("KL divergence from fp32 0.3000 nats per token (interval [0.2700, "
                          "0.3300]) > 0.25 (over 100 corpus tokens)")
-    assert misses[1] == "same top token as fp32 78.0 % (interval [76.0, 79.5]) < 80.0 %"
+    assert misses[1] == ("same top token as fp32 78.0 %, where fp32 decided 78.0 % (interval "
+                         "[76.0, 79.5]) < 80.0 %")
     assert misses[2].startswith("try --recipe 16a8w")
     row = markdown(clear, "q", misses)
-    assert "| q | 100 | 0.3000 [0.2700, 0.3300] | 1.000 | 78.0 [76.0, 79.5] |" in row
+    assert "| q | 100 | 0.3000 [0.2700, 0.3300] | 1.000 | 78.0 |" in row
 
 
 def test_each_recipe_has_its_own_eval_gates_and_16a2w_none_on_kl() -> None:
@@ -322,16 +326,20 @@ def test_each_recipe_has_its_own_eval_gates_and_16a2w_none_on_kl() -> None:
     loose = default_eval_gates(Recipe.A16W2)
     assert loose.max_kl_mean is None and loose.min_same_top_percent is None
     assert loose.max_perplexity_increase == EvalGates().max_perplexity_increase
-    # SmolLM2's measured figures (docs/eval.md) pass their recipe's gates with room; the
-    # 16a4w_block one (same top 77.2 %) does not.
+    # SmolLM2's measured figures (docs/eval.md) pass their recipe's gates; 16a4w_block's too
+    # (KL 0.152, same top 77.2 %, 82.9 % where fp32 decided: 700 of its 932 flips decided),
+    # within what a 4-bit recipe may cost; the same figures under 16a8w's bounds do not.
     for recipe, kl, top in ((Recipe.A8DW4, 0.0184, 90.5), (Recipe.A16W8, 0.0063, 94.5)):
         measured = _evaluation(kl, top, (1.01, 1.005, 1.017), [True] * 10)
         assert gate_failures(measured, default_eval_gates(recipe), "q", recipe) == []
-    block = _evaluation(0.152, 77.2, (1.147, 1.124, 1.169), [True] * 10)
-    misses = gate_failures(block, default_eval_gates(Recipe.A16W4_BLOCK), "q",
-                           Recipe.A16W4_BLOCK)
-    assert misses[0].startswith("same top token as fp32 77.2 %")
-    assert misses[-1].startswith("try --recipe 16a8w")
+    block = _evaluation(0.152, 77.2, (1.147, 1.124, 1.169), [True] * 10,
+                        intervals=((0.14, 0.165), (81.5, 84.2)), decided=82.9)
+    assert gate_failures(block, default_eval_gates(Recipe.A16W4_BLOCK), "q",
+                         Recipe.A16W4_BLOCK) == []
+    misses = gate_failures(block, default_eval_gates(Recipe.A16W8), "q", Recipe.A16W8)
+    assert misses[0].startswith("KL divergence from fp32 0.1520")
+    assert misses[1].startswith("same top token as fp32 77.2 %, where fp32 decided 82.9 %")
+    assert misses[-1].startswith("try --recipe 16a16w")
 
 
 def test_eval_md_holds_the_three_tables_and_the_divergences() -> None:

@@ -33,9 +33,12 @@ def gate_failures(
         top_high = next_token_bound(corpus, "same_top_high")
         assert top_high is not None
         if gates.min_same_top_percent is not None and top_high < gates.min_same_top_percent:
-            misses.append(f"same top token as fp32 {top:.1f} % "
-                          f"({_interval(corpus.get('same_top_percent_interval'), 1)}) < "
-                          f"{gates.min_same_top_percent} %")
+            decided = corpus.get("same_top_decided_percent")
+            misses.append(
+                f"same top token as fp32 {top:.1f} %, where fp32 decided "
+                + ("(no interval recorded)" if decided is None else
+                   f"{decided['value']:.1f} % ({_interval(decided, 1)})")
+                + f" < {gates.min_same_top_percent} %")
         ratio = corpus["perplexity_ratio"]
         if (gates.max_perplexity_increase is not None
                 and ratio["low"] - 1 > gates.max_perplexity_increase):

@@ -176,6 +176,7 @@ def _load_dir(
         hf = AutoModelForCausalLM.from_pretrained(str(directory), **HF_LOAD)
     except WEIGHT_ERRORS as err:
         raise weights_error(directory, err) from err
+    exportable_experts(hf)
     config = hf.config.get_text_config()
     max_len, chunk = _shapes(config, max_seq_len, prefill_len)
     tokenizer = _tokenizer(directory)
@@ -287,6 +288,26 @@ class StaticCacheLm(nn.Module):
             layer.cumulative_length = getattr(inner, f"cumulative_length_{i}")
         logits: torch.Tensor = inner(input_ids=input_ids, cache_position=cache_position)
         return logits
+
+
+# Mixture-of-experts layers in transformers 5 dispatch on `config._experts_implementation`: its
+# default, grouped_mm, runs a custom op (`transformers::grouped_mm_fallback`) that ExecuTorch has no
+# out variant for, so a program holding it fails at serialization, after all the work; the eager
+# loop picks experts with data-dependent shapes, which export refuses. batched_mm gathers each
+# token's experts' weights and multiplies them in one batched matmul: the same values, static
+# shapes, plain ATen ops.
+EXPORTABLE_EXPERTS = "batched_mm"
+
+
+def exportable_experts(hf: nn.Module) -> None:
+    """Route a mixture-of-experts model's experts through `EXPORTABLE_EXPERTS` (no effect on a
+    dense model), for the export and the eager references alike."""
+    config: Any = getattr(hf, "config", None)
+    if config is None:
+        return
+    for part in (config, config.get_text_config()):  # a multimodal model's text part has its own
+        if getattr(part, "_experts_implementation", None) is not None:
+            part._experts_implementation = EXPORTABLE_EXPERTS
 
 
 def export_methods(
