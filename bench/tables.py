@@ -177,9 +177,9 @@ def eval_peer(result: Mapping[str, Any]) -> str:
     """bench/eval_peer.py: every model's next-token figures against the float model, llama.cpp
     among them, on the same corpus tokens (`tokens` of the corpus, in windows of `window`)."""
     lines = [
-        "| model | tokens | KL mean [95 %] | KL p99 | same top % [95 %] | flips (near tie) | "
-        "perplexity | vs fp32 [95 %] | seconds |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| model | tokens | KL mean [95 %] | KL p99 | same top % [95 %] | where fp32 decided % | "
+        "flips (near tie) | perplexity | vs fp32 [95 %] | seconds |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in result["rows"]:
         f = r["figures"]
@@ -187,6 +187,14 @@ def eval_peer(result: Mapping[str, Any]) -> str:
 
         def pct(x: float) -> str:
             return f"{100 * (x - 1):+.1f} %"
+
+        def decided(f: Mapping[str, Any]) -> str:
+            # Near-tie flips forgiven; computed from the counts where a record predates it.
+            d = f.get("same_top_decided_percent")
+            if d is not None:
+                return f"{d['value']:.1f}{around(d, 1)}"
+            tokens = f.get("tokens", result["tokens"])
+            return f"{100 * (tokens - f['flips'] + f['near_tie_flips']) / tokens:.1f}"
 
         def around(interval: Mapping[str, float] | None, digits: int) -> str:
             # Figures recorded before the KL and same-top intervals have none.
@@ -197,7 +205,7 @@ def eval_peer(result: Mapping[str, Any]) -> str:
             f"| {r['model']} | {result['tokens']} | {f['kl_divergence']['mean']:.4f}"
             f"{around(f['kl_divergence'].get('mean_interval'), 4)} | "
             f"{f['kl_divergence']['p99']:.3f} | {f['same_top_percent']:.1f}"
-            f"{around(f.get('same_top_percent_interval'), 1)} | {f['flips']} "
+            f"{around(f.get('same_top_percent_interval'), 1)} | {decided(f)} | {f['flips']} "
             f"({f['near_tie_flips']}) | {f['perplexity']['value']:.3f} | {pct(ratio['value'])} "
             f"[{pct(ratio['low'])}, {pct(ratio['high'])}] | {r['seconds']:.0f} |")
     return "\n".join(lines)
