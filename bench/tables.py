@@ -211,7 +211,36 @@ def eval_peer(result: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def decoder_survey(result: Mapping[str, Any]) -> str:
+    """bench/decoder_survey.py: per architecture, whether the default pipeline generates, and
+    where and why not; the program's next token against eager fp32 where it ran."""
+    settings = ", ".join(f"{k} {v}" for k, v in result["settings"].items())
+    rows = result["rows"]
+    ok = sum(1 for r in rows if r["status"] == "generates")
+    lines = [
+        f"{ok} of {len(rows)} generate with every setting at its default ({settings}).",
+        "",
+        "| architecture | custom ops | status | KL vs fp32 | same top % (where fp32 decided) | "
+        "why not |",
+        "|---|---|---|---|---|---|",
+    ]
+
+    def num(value: Any, fmt: str) -> str:
+        return "-" if value is None else format(value, fmt)
+
+    for r in rows:
+        ops = {True: "yes", False: "no", None: "-"}[r.get("custom_ops")]
+        why = (r.get("reason") or "").replace("|", "/")
+        where = f"{r['stage']}: " if r.get("stage") else ""
+        lines.append(
+            f"| {r['architecture']} | {ops} | {r['status']} | {num(r.get('kl_mean'), '.4f')} | "
+            f"{num(r.get('same_top_percent'), '.1f')} "
+            f"({num(r.get('same_top_decided_percent'), '.1f')}) | {where}{why[:160]} |")
+    return "\n".join(lines)
+
+
 RENDERERS: Mapping[str, Callable[[Mapping[str, Any]], str]] = {
+    "decoder_survey": decoder_survey,
     "eval_peer": eval_peer,
     "big_decoder": big_decoder,
     "qdq_sensitivity": qdq_sensitivity,

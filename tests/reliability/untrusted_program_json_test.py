@@ -247,3 +247,22 @@ def test_a_dynamic_program_with_symbolic_sizes_loads_and_runs(tmp_path: Path) ->
     program = load_program(path)
     out, rest = program.module()(torch.ones(10, 3))
     assert out.shape == (9, 3) and rest["zeros"].shape == (5,)
+
+
+def test_a_program_with_aten_bitwise_operators_loads_and_runs(tmp_path: Path) -> None:
+    """aten's bitwise operators have dunder names (`torch.ops.aten.__and__.Tensor`: Gemma 2's
+    sliding-window mask exports one); they are operators, not attributes, and load. Other dunder
+    names stay refused (`torch.ops.aten.__class__` above)."""
+
+    class Masks(torch.nn.Module):
+        def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+            return (a > 0).__and__(b > 0) | ((a < 0) ^ (b < 0))
+
+    path = tmp_path / "bitwise.pt2"
+    torch.export.save(torch.export.export(Masks(), (torch.randn(4), torch.randn(4))), path)
+    targets = {str(n.target) for n in torch.export.load(path).graph.nodes
+               if n.op == "call_function"}
+    assert any("__and__" in t for t in targets)  # the program holds the dunder operator
+    program = load_program(path)
+    a, b = torch.tensor([1.0, -1.0, 1.0, -1.0]), torch.tensor([1.0, 1.0, -1.0, -1.0])
+    assert program.module()(a, b).tolist() == [True, True, True, False]

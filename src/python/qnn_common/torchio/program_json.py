@@ -45,6 +45,14 @@ _REEXPORT = (
 _IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
 # A name torch resolves inside torch.ops; no dunder part, so no attribute of the namespace object.
 _OP_TARGET = re.compile(rf"torch\.ops(\.(?!__){_IDENT}){{2,3}}\Z")
+# Except aten's bitwise operators, whose names are dunders (`torch.ops.aten.__and__.Tensor`: a
+# boolean mask of Gemma 2's sliding window); none is an attribute of torch.ops.aten itself, so
+# each resolves to its operator. Named one by one rather than by pattern.
+_DUNDER_OPS = ("and", "or", "xor", "lshift", "rshift", "iand", "ior", "ixor", "ilshift",
+               "irshift")
+_DUNDER_OP_TARGET = re.compile(
+    rf"torch\.ops\.aten\.__(?:{'|'.join(_DUNDER_OPS)})__(\.(?!__){_IDENT})?\Z"
+)
 
 
 def _qualified(function: Callable[..., Any]) -> str:
@@ -129,7 +137,8 @@ def _refusal(key: str, value: Any) -> str | None:
             return f"has a symbolic size that {err}"
         return None
     if key in ("target", "as_operator"):
-        if isinstance(value, str) and (_OP_TARGET.match(value) or value in _CALLABLES):
+        if isinstance(value, str) and (_OP_TARGET.match(value) or _DUNDER_OP_TARGET.match(value)
+                                       or value in _CALLABLES):
             return None
         return f"names {str(value)[:200]!r} as an operator, which is not one in torch.ops"
     if key in ("in_spec", "out_spec"):
