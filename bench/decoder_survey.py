@@ -38,6 +38,8 @@ COMMON: dict[str, Any] = {
     "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
     "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256,
     "max_position_embeddings": 64, "head_dim": 16, "tie_word_embeddings": False,
+    # Inside the byte vocabulary: some configs keep their parent's ids (Phi-3's pad is 32000).
+    "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2,
 }
 # transformers model type -> the config fields it needs besides COMMON (its own names for them,
 # or what its defaults would make too big for a tiny checkpoint).
