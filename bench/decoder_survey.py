@@ -11,7 +11,8 @@ recipe asked for, in this process:
 Each row: whether it generates, or where and why not (refused before any work, a stage that
 failed, or a gate missed), and the program's next token against eager fp32 on the held-out
 windows (KL divergence, same top token, and where fp32 decided). The JSON is rewritten after each
-architecture, so a run that dies keeps what it measured; `--only` reruns some.
+architecture, so a run that dies keeps what it measured; `--only` reruns some, keeping the
+file's other rows.
 """
 
 from __future__ import annotations
@@ -145,12 +146,21 @@ def main() -> None:
     if args.recipe:
         settings["recipe"] = args.recipe
     rows: list[dict[str, Any]] = []
+    if args.only and args.json and args.json.is_file():
+        # A rerun of some: the file's other rows stay, in the table's order.
+        earlier = json.loads(args.json.read_text())
+        if earlier.get("settings") != settings:
+            raise SystemExit(f"{args.json} holds a survey with other settings: "
+                             f"{earlier.get('settings')}")
+        rows = [r for r in earlier["rows"] if r["architecture"] not in args.only]
     result: dict[str, Any] = {"bench": "decoder_survey", "host": describe_host(),
                               "settings": settings, "rows": rows}
+    order = list(ARCHITECTURES)
     with tempfile.TemporaryDirectory(prefix="decoder-survey-") as tmp:
         for model_type in args.only or ARCHITECTURES:
             row = survey_one(model_type, Path(tmp), settings)
             rows.append(row)
+            rows.sort(key=lambda r: order.index(r["architecture"]))
             print(f"{model_type}: {row['status']}" + (f" ({row['reason']})"
                                                       if row.get("reason") else ""), flush=True)
             if args.json:
