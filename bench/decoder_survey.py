@@ -65,7 +65,8 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
     "starcoder2": {},
     "gpt_neox": {"num_key_value_heads": 4},  # no grouped-query attention: one per head
     "qwen3_moe": {"moe_intermediate_size": 32, "num_experts": 4, "num_experts_per_tok": 2},
-    "gpt2": {"n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 64},
+    "gpt2": {"n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 64,
+             "num_key_value_heads": 4},
 }
 
 
