@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 from host import describe_host
-from tables import render
+from tables import render, survey_count
 
 from qnn_common.errors import ConfigValidationError, PipelineError
 from qnn_common.store.atomic import atomic_write_text
@@ -166,6 +166,7 @@ def main() -> None:
                                                       if row.get("reason") else ""), flush=True)
             if args.json:
                 atomic_write_text(args.json, json.dumps(result, indent=1) + "\n")
+    print(survey_count(result))
     print(render(result))
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 from decoder_survey import ARCHITECTURES, survey_one, write_checkpoint
-from tables import render
+from tables import render, survey_count
 
 
 def test_every_architecture_is_a_config_transformers_builds(tmp_path: Path) -> None:
@@ -23,12 +23,13 @@ def test_one_architecture_through_the_default_pipeline_and_its_row(tmp_path: Pat
     assert row["custom_ops"] is True  # plain causal attention: ExecuTorch's custom ops
     assert row["new_tokens"] == 8 and 0 <= row["kl_mean"] < 0.25
     refused = {"architecture": "x", "status": "refused", "reason": "a | b", "custom_ops": None}
-    table = render({"bench": "decoder_survey", "settings": {"backend": "xnnpack"},
-                    "rows": [row, refused]})
-    lines = table.splitlines()
-    assert lines[0] == "1 of 2 generate with every setting at its default (backend xnnpack)."
-    assert lines[4].startswith("| qwen2 | yes | generates | ")
-    assert lines[5] == "| x | - | refused | - | - (-) | a / b |"
+    result = {"bench": "decoder_survey", "settings": {"backend": "xnnpack"},
+              "rows": [row, refused]}
+    lines = render(result).splitlines()
+    assert survey_count(result) == (
+        "1 of 2 generate with every setting at its default (backend xnnpack).")
+    assert lines[2].startswith("| qwen2 | yes | generates | ")
+    assert lines[3] == "| x | - | refused | - | - (-) | a / b |"
 
 
 def test_a_checkpoint_is_seeded(tmp_path: Path) -> None:

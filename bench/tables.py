@@ -213,13 +213,10 @@ def eval_peer(result: Mapping[str, Any]) -> str:
 
 def decoder_survey(result: Mapping[str, Any]) -> str:
     """bench/decoder_survey.py: per architecture, whether the default pipeline generates, and
-    where and why not; the program's next token against eager fp32 where it ran."""
-    settings = ", ".join(f"{k} {v}" for k, v in result["settings"].items())
+    where and why not; the program's next token against eager fp32 where it ran
+    (`survey_count` says how many generate)."""
     rows = result["rows"]
-    ok = sum(1 for r in rows if r["status"] == "generates")
     lines = [
-        f"{ok} of {len(rows)} generate with every setting at its default ({settings}).",
-        "",
         "| architecture | custom ops | status | KL vs fp32 | same top % (where fp32 decided) | "
         "why not |",
         "|---|---|---|---|---|---|",
@@ -237,6 +234,13 @@ def decoder_survey(result: Mapping[str, Any]) -> str:
             f"{num(r.get('same_top_percent'), '.1f')} "
             f"({num(r.get('same_top_decided_percent'), '.1f')}) | {where}{why[:160]} |")
     return "\n".join(lines)
+
+
+def survey_count(result: Mapping[str, Any]) -> str:
+    """"N of M generate ..." for a decoder survey."""
+    settings = ", ".join(f"{k} {v}" for k, v in result["settings"].items())
+    ok = sum(1 for r in result["rows"] if r["status"] == "generates")
+    return f"{ok} of {len(result['rows'])} generate with every setting at its default ({settings})."
 
 
 RENDERERS: Mapping[str, Callable[[Mapping[str, Any]], str]] = {
