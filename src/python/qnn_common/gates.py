@@ -165,9 +165,10 @@ class EvalGates:
     program's figures, `qnn_infer.evaluation`); None = not checked.
 
     Each gate judges a figure with its uncertainty: the KL mean and perplexity by the low end of
-    their bootstrap intervals over windows, the same-top % by the high end of its own (so noise
-    alone cannot fail a run), the prompt suite by the answers lost minus the answers gained on
-    the same prompts. The defaults are 8a8w's; `default_eval_gates` gives each recipe its own.
+    their bootstrap intervals over windows, the same-top % where fp32 decided (near ties
+    forgiven) by the high end of its own (so noise alone cannot fail a run), the prompt suite by
+    the answers lost minus the answers gained on the same prompts. The defaults are 8a8w's;
+    `default_eval_gates` gives each recipe its own.
     """
 
     # Mean per-token KL(fp32 || program) over the corpus windows the program read, in nats.

@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -23,8 +22,6 @@ from qnn_common.gates import default_eval_gates
 from qnn_common.sealing import load_manifest
 from qnn_common.stages import compiled_for
 from qnn_pipeline.summary import SUMMARY_NAME, is_our_summary
-
-log = logging.getLogger(__name__)
 
 EPILOG = """examples:
   qnn-pipeline eval out                        # the artifacts of a run: qnn-pipeline --out out
