@@ -173,7 +173,8 @@ class EvalGates:
 
     # Mean per-token KL(fp32 || program) over the corpus windows the program read, in nats.
     max_kl_mean: float | None = 0.25
-    # How often the program's most likely next token is the float model's.
+    # How often the program's most likely next token is the float model's where the float model
+    # decided (a flip on a near tie forgiven).
     min_same_top_percent: float | None = 80.0
     # Program perplexity over fp32's, minus 1: failed when even the interval's low end is above.
     max_perplexity_increase: float | None = 0.25
