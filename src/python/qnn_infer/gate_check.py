@@ -82,17 +82,7 @@ class AccuracyGateError(PipelineError):
         relaxed = [(f["field"], _fmt(_relaxed(f["metric"], f["value"]), "")) for f in failures]
         flags = " ".join(f"{GATE_FLAGS[name]} {value}" for name, value in relaxed)
         toml = ", ".join(f"{name} = {value}" for name, value in relaxed)
-        matched = _fake_quant_match(failures, accuracy or {})
-        recipe_kl = _fake_quant_kl(failures, accuracy or {})
-        cause = "" if matched is None and recipe_kl is None else (
-            f" Its fake-quantized model is about as far from fp32 (KL {recipe_kl:.4g}), so the "
-            f"loss is the recipe's, not the compile's: {_more_bits(recipe)}, or read the "
-            "quantize stage's per-layer report for the layers that lose it."
-        ) if matched is None else (
-            f" The program matches its fake-quantized model ({_fmt(matched, 'sqnr_db')}), so "
-            "the loss is the recipe's, not the compile's: pick more bits (16-bit activations), "
-            "or read the quantize stage's per-layer report for the layers that lose it."
-        )
+        cause = _recipe_cause(failures, accuracy or {}, recipe)
         super().__init__(
             f"infer: the outputs of {what} are below the accuracy gates: {missed}.{cause} The "
             f"outputs are kept in {artifact_dir} for inspection. If this accuracy is expected, "
@@ -119,6 +109,24 @@ def _fake_quant_match(failures: list[dict[str, Any]], accuracy: dict[str, Any]) 
     if float(vs_fake_quant) < float(vs_fp32) + _RECIPE_LOSS_MARGIN_DB:
         return None
     return float(vs_fake_quant)
+
+
+def _recipe_cause(
+    failures: list[dict[str, Any]], accuracy: dict[str, Any], recipe: str | None
+) -> str:
+    """The sentence blaming the recipe where the fake-quantized model loses as much (by its
+    logits' SQNR, or by its next token's KL); empty where nothing says so."""
+    per_layer = "or read the quantize stage's per-layer report for the layers that lose it."
+    matched = _fake_quant_match(failures, accuracy)
+    if matched is not None:
+        return (f" The program matches its fake-quantized model ({_fmt(matched, 'sqnr_db')}), "
+                "so the loss is the recipe's, not the compile's: pick more bits (16-bit "
+                f"activations), {per_layer}")
+    recipe_kl = _fake_quant_kl(failures, accuracy)
+    if recipe_kl is not None:
+        return (f" Its fake-quantized model is about as far from fp32 (KL {recipe_kl:.4g}), so "
+                f"the loss is the recipe's, not the compile's: {_more_bits(recipe)}, {per_layer}")
+    return ""
 
 
 def _more_bits(recipe: str | None) -> str:
