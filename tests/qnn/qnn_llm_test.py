@@ -16,6 +16,7 @@ from transformers import AutoModelForCausalLM
 
 from qnn_common.config import InferConfig, QuantizeConfig, Stage
 from qnn_common.errors import ConfigValidationError
+from qnn_common.layer_recipes import LayerRecipe
 from qnn_common.llm import GenerationConfig, method_steps
 from qnn_common.metrics import sqnr_db
 from qnn_common.recipes import Backend, Recipe
@@ -44,11 +45,11 @@ SHAPES = {"max_seq_len": 64, "prefill_len": 16}
 
 def _run(
     out: Path, recipe: str, stop_after: Stage | None = None, weight_sharing: bool = False,
-    num_shards: int | str = 1,
+    num_shards: int | str = 1, quantize: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     ctx = PipelineContext.create(
         "tiny-llama", backend="qnn", soc="SM8650", recipe=recipe, out_dir=out,
-        stop_after=stop_after,
+        stop_after=stop_after, quantize=quantize,
         compile={"weight_sharing": weight_sharing, "num_shards": num_shards},
         prepare={"kv_cache": True, "calibration_samples": 4, "eval_samples": 8, **SHAPES},
         infer={"generation": {"prompt": "Once upon a time", "max_new_tokens": 8}},
@@ -177,6 +178,27 @@ def test_auto_shards_keep_a_small_decoder_in_one_context(out: Path) -> None:
 def test_more_shards_than_layers_are_refused_before_lowering(out: Path) -> None:
     with pytest.raises(ConfigValidationError, match="the decoder has 2 layer"):
         _run(out, "16a4w", stop_after=Stage.COMPILE, num_shards=3)
+
+
+def test_a_mixed_recipe_builds_and_its_program_matches_its_fake_quant(out: Path) -> None:
+    """16a4w_block with one down projection at 16a8w (`quantize.layer_recipes`): both methods
+    take the table alike, the HTP lowers the mix whole, and runs what the fake quant computes."""
+    table = (LayerRecipe(r"layers\.0\.mlp\.down_proj$", Recipe.A16W8),)
+    summary = _run(out, "16a4w_block", quantize={"layer_recipes": table})
+    assert summary["generation"]["new_tokens"] == 8
+    assert summary["accuracy"]["sqnr_db_vs_fake_quant"] >= 50
+    (entry,) = (s for s in summary["stages"] if s["name"] == "quantize")
+    quantized = load_manifest(Path(entry["artifact"]), expect_stage=Stage.QUANTIZE)
+    assert quantized.config["layer_recipes"] == [
+        {"pattern": table[0].pattern, "recipe": "16a8w"}]
+    assert quantized.metrics["layer_recipes"][0]["module_paths"] == [
+        "hf.model.layers.0.mlp.down_proj"]
+    kinds = quantized.metrics["quantized_op_kinds"]
+    # One blocked convolution per method fewer than 16a4w_block alone; one more 8-bit linear.
+    assert kinds["conv2d"] == 2 * 13 and kinds["linear"] == 2 * 2
+    (entry,) = (s for s in summary["stages"] if s["name"] == "compile")
+    compiled = load_manifest(Path(entry["artifact"]), expect_stage=Stage.COMPILE)
+    assert compiled.metrics["partitions"] == 2
 
 
 def test_16a8w_keeps_argmax_agreement_with_eager(out: Path) -> None:

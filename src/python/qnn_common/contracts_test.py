@@ -16,6 +16,7 @@ from qnn_common import (
     config,
     errors,
     gates,
+    layer_recipes,
     llm,
     llm_spec,
     manifest,
@@ -27,8 +28,8 @@ from qnn_common import (
 )
 
 CONTRACTS = tuple(
-    m.__name__ for m in (errors, soc, recipes, weight_groups, target, gates, manifest, llm_spec,
-                         config, reports)
+    m.__name__ for m in (errors, soc, recipes, weight_groups, layer_recipes, target, gates,
+                         manifest, llm_spec, config, reports)
 )
 HEAVY = ("torch", "numpy", "executorch", "torchao", "transformers", "onnxruntime")
 

@@ -21,6 +21,7 @@ from qnn_common.cli.support import (
 from qnn_common.config import DEFAULT_LPBQ_BLOCK, Stage
 from qnn_common.errors import ConfigValidationError
 from qnn_common.gates import default_eval_gates
+from qnn_common.layer_recipes import LayerRecipe
 from qnn_common.manifest import MANIFEST_NAME
 from qnn_common.recipes import Backend, Recipe
 from qnn_common.sealing import load_manifest
@@ -108,6 +109,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="8da4w, causal LMs: upstream's plain 8da4w, without dividing each "
                    "linear input's block of large activations by a power of two; qnn-quant "
                    "--help says more")
+    p.add_argument("--layer-recipe", action="append", metavar="PATTERN=RECIPE",
+                   dest="layer_recipes", default=[],
+                   help="give layers whose module path matches PATTERN (a regex) RECIPE instead "
+                   "of --recipe (repeatable; the first match wins): fp32 anywhere, or on qnn a "
+                   "recipe with the same activation bits; qnn-quant --help says more")
     p.add_argument("--seq-len", type=int, help="token length for text models (default: 128)")
     p.add_argument("--calibration-samples", type=int, help="default: 16")
     p.add_argument("--calibration-file", type=Path,
@@ -190,7 +196,9 @@ def context_from_args(args: argparse.Namespace) -> PipelineContext:
         "quantize": {"group_size": args.group_size, "block_size": args.block_size,
                      "group_mapping": args.group_mapping,
                      "embedding_weights": args.embedding_weights,
-                     "smooth_blocks": False if args.no_smooth_blocks else None},
+                     "smooth_blocks": False if args.no_smooth_blocks else None,
+                     "layer_recipes": tuple(
+                         LayerRecipe.parse(text) for text in args.layer_recipes) or None},
         "compile": {"htp_performance_mode": args.htp_performance_mode,
                     "weight_sharing": args.weight_sharing, "num_shards": args.num_shards},
         "infer": {"runs": args.runs, "threads": args.threads, "device": args.device,

@@ -8,6 +8,7 @@ import pytest
 
 from qnn_common.config import Stage
 from qnn_common.errors import ConfigValidationError
+from qnn_common.layer_recipes import LayerRecipe
 from qnn_common.recipes import Backend, Recipe
 from qnn_common.weight_groups import GroupMapping
 from qnn_pipeline.cli import build_parser, context_from_args, main
@@ -51,6 +52,29 @@ def test_smooth_blocks_is_8da4ws_default_and_refused_off_elsewhere() -> None:
     assert off.quantize is not None and not off.quantize.smooth_blocks
     with pytest.raises(ConfigValidationError, match="only 8da4w smooths blocks"):
         _ctx("--model", "tiny-llama", "--recipe", "8a8w", "--no-smooth-blocks")
+
+
+def test_layer_recipes_from_flags_and_from_the_toml_file(tmp_path: Path) -> None:
+    qnn = ("--model", "tiny-llama", "--backend", "qnn", "--soc", "SM8650", "--recipe",
+           "16a4w_block")
+    ctx = _ctx(*qnn, "--layer-recipe", r"layers\.0\.mlp\.down_proj$=16a8w",
+               "--layer-recipe", "lm_head=16a16w")
+    assert ctx.quantize is not None and ctx.quantize.layer_recipes == (
+        LayerRecipe(r"layers\.0\.mlp\.down_proj$", Recipe.A16W8),
+        LayerRecipe("lm_head", Recipe.A16W16))
+    config = tmp_path / "mixed.toml"
+    config.write_text(
+        '[pipeline]\nmodel = "tiny-llama"\nbackend = "qnn"\nsoc = "SM8650"\n'
+        'recipe = "16a4w_block"\n[quantize]\n'
+        "layer_recipes = [{ pattern = 'down_proj$', recipe = \"16a8w\" }]\n",
+        encoding="utf-8")
+    from_file = _ctx("--config", str(config))
+    assert from_file.quantize is not None
+    assert from_file.quantize.layer_recipes == (LayerRecipe("down_proj$", Recipe.A16W8),)
+    with pytest.raises(ConfigValidationError, match="activations are 16-bit"):
+        _ctx(*qnn, "--layer-recipe", "down_proj=8a8w")
+    with pytest.raises(ConfigValidationError, match="PATTERN=RECIPE"):
+        _ctx(*qnn, "--layer-recipe", "down_proj")
 
 
 def test_custom_ops_follow_the_backend_unless_said() -> None:

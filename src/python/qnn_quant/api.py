@@ -21,6 +21,7 @@ from qnn_common.torchio.samples import save_samples
 from qnn_quant.families import family_for
 from qnn_quant.gptq import GptqResult
 from qnn_quant.intx import IntxResult
+from qnn_quant.layers import layer_recipe_record
 from qnn_quant.quantized_ops import dynamic_op_count, quantized_op_count, quantized_op_kinds
 
 PACKAGE = "qnn-quant"
@@ -44,6 +45,8 @@ def run_quantize(inp: QuantizeInput) -> QuantizeOutput:
     files = program_files(inp.source, src)
     programs = load_methods({m: inp.source / f for m, f in files.items()}, inp.programs)
     out = begin_artifact(inp.out_dir, inputs=[inp.source])
+    # Read off the float graphs, before the family consumes them.
+    layer_recipes = layer_recipe_record([p.graph for p in programs.values()], cfg.layer_recipes)
 
     quantized = family.quantize(inp, src, programs)
     del programs  # the family's input, which it may have changed: not this stage's output
@@ -62,6 +65,7 @@ def run_quantize(inp: QuantizeInput) -> QuantizeOutput:
             "quantized_op_kinds": _merged_kinds(methods),
             "dynamic_ops": sum(dynamic_op_count(p.graph_module) for p in methods),
             **_rounding_metrics(cfg, quantized.weights),
+            **({"layer_recipes": layer_recipes} if layer_recipes else {}),
             "accuracy": quantized.accuracy,
         },
     )

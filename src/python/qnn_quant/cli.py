@@ -17,6 +17,7 @@ from qnn_common.cli.support import (
     setup_logging,
 )
 from qnn_common.config import DEFAULT_LPBQ_BLOCK, QuantizeConfig
+from qnn_common.layer_recipes import LayerRecipe
 from qnn_common.recipes import Backend, Recipe, WeightRounding, parse_enum
 from qnn_common.stages import QuantizeInput
 from qnn_common.weight_groups import (
@@ -91,6 +92,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="how weights are rounded onto their grid: nearest, or gptq (error "
                    "feedback from calibration inputs, linear layers). Default: gptq for 4-bit "
                    "weights (16a4w, 8a4w; 16a4w_block onto its block scales), nearest otherwise")
+    p.add_argument("--layer-recipe", action="append", metavar="PATTERN=RECIPE",
+                   dest="layer_recipes", default=[],
+                   help="give layers whose module path matches PATTERN (a regex) RECIPE instead "
+                   "of --recipe (repeatable; the first match wins): fp32 (float) anywhere, or on "
+                   "qnn a recipe with the same activation bits, e.g. "
+                   "'layers\\.[0-3]\\.mlp\\.down_proj$=16a8w' in a 16a4w_block program "
+                   "(qnn_common.layer_recipes)")
     p.add_argument("--report-layers", type=int, default=10,
                    help="how many worst layers to report (default: %(default)s)")
     add_logging_args(p)
@@ -126,6 +134,7 @@ def _main(argv: Sequence[str] | None) -> int:
         dynamic_layers=() if args.static_only else (
             None if args.dynamic_layers is None else tuple(args.dynamic_layers)
         ),
+        layer_recipes=tuple(LayerRecipe.parse(text) for text in args.layer_recipes),
     )
     from qnn_quant.api import run_quantize  # torch is imported only past argument checks
 

@@ -33,6 +33,7 @@ gates report it); 16-bit activations have the range to spare: pick 16a8w there.
 
 from __future__ import annotations
 
+import difflib
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -41,6 +42,7 @@ import torch
 
 from qnn_common.config import regex_list
 from qnn_common.errors import ConfigValidationError
+from qnn_common.layer_recipes import LayerRecipe, layer_recipe_for
 from qnn_common.recipes import BACKENDS, Backend, Recipe, check_dynamic_layers
 from qnn_common.target import Target
 from qnn_common.weight_groups import DEFAULT_INT8_WEIGHTS
@@ -80,10 +82,31 @@ def default_dynamic_layers(target: Target, recipe: Recipe) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class LayerPlan:
-    """Node names of a graph that stay in float, and those quantized dynamically."""
+    """Node names of a graph that stay in float, those quantized dynamically, and the per-layer
+    recipe table (`qnn_common.layer_recipes`) the rest are quantized by."""
 
     float_nodes: frozenset[str] = frozenset()
     dynamic_nodes: frozenset[str] = frozenset()
+    # Read by module path, not node name, so that a layer a quantizer rewrites (LPBQ's linears
+    # as convolutions) keeps its entry.
+    layer_recipes: tuple[LayerRecipe, ...] = ()
+    # The nodes an entry of the table matched (they take no default: int8_weights, keep_float).
+    tabled_nodes: frozenset[str] = frozenset()
+
+    def recipe_of(self, node: torch.fx.Node, base: Recipe) -> Recipe:
+        """The recipe `node` is quantized at in a `base` program (fp32: left float)."""
+        return node_recipe(node, base, self.float_nodes, self.layer_recipes)
+
+
+def node_recipe(
+    node: torch.fx.Node, base: Recipe, float_nodes: frozenset[str],
+    table: Sequence[LayerRecipe],
+) -> Recipe:
+    """The recipe `node` is quantized at in a `base` program whose `float_nodes` stay float and
+    whose per-layer table is `table` (fp32: left float)."""
+    if node.name in float_nodes:
+        return Recipe.FP32
+    return layer_recipe_for(module_path(node), table) or base
 
 
 def plan_layers(
@@ -92,12 +115,17 @@ def plan_layers(
     recipe: Recipe,
     keep_float: Sequence[str] | None = None,
     dynamic_layers: Sequence[str] | None = None,
+    layer_recipes: Sequence[LayerRecipe] = (),
 ) -> LayerPlan:
-    """Which nodes of `gm` stay float and which quantize dynamically (None: the defaults).
+    """Which nodes of `gm` stay float and which quantize dynamically (None: the defaults), and
+    the per-layer recipes of the rest.
 
     A layer named by both: an explicit `keep_float` wins (the caller asked for float); the
-    default one yields to dynamic quantization, which is what replaced those float islands.
-    Raises ConfigValidationError for bad patterns and dynamic layers on a backend without them.
+    default one yields to dynamic quantization, which is what replaced those float islands. A
+    layer `layer_recipes` names takes the recipe its first matching entry gives, whatever the
+    other two say (fp32: float; any other: statically quantized at that recipe).
+    Raises ConfigValidationError for bad patterns, dynamic layers on a backend without them, a
+    table entry that matches no layer, and float linears on QNN.
     """
     if dynamic_layers is not None:
         check_dynamic_layers(target.backend, tuple(dynamic_layers), "quantize.dynamic_layers")
@@ -117,12 +145,69 @@ def plan_layers(
         floats -= dynamic
     else:
         dynamic -= floats
-        _check_float_linears_lower(gm, target, floats, keep_float)
-    return LayerPlan(frozenset(floats), frozenset(dynamic))
+    table = tuple(layer_recipes)
+    tabled = tabled_recipes(gm, table)
+    tabled_floats = {name for name, r in tabled.items() if r is Recipe.FP32}
+    if keep_float is not None:
+        _check_float_linears_lower(gm, target, floats - set(tabled), "quantize.keep_float",
+                                   keep_float)
+    _check_float_linears_lower(gm, target, tabled_floats, "quantize.layer_recipes",
+                               [e.pattern for e in table if e.recipe is Recipe.FP32])
+    floats = (floats - set(tabled)) | tabled_floats
+    dynamic -= set(tabled)
+    return LayerPlan(frozenset(floats), frozenset(dynamic), table, frozenset(tabled))
+
+
+def tabled_recipes(gm: torch.fx.GraphModule, table: Sequence[LayerRecipe]) -> dict[str, Recipe]:
+    """Node name -> the recipe the first matching entry of `table` gives it, for every op node
+    of `gm` some entry matches. Raises ConfigValidationError for an entry no layer matches,
+    naming the closest module paths: a pattern that silently matched nothing would leave the
+    model at its recipe while the manifest says otherwise."""
+    if not table:
+        return {}
+    paths = {n.name: module_path(n) for n in gm.graph.nodes if n.op == "call_function"}
+    found = {name: r for name, path in paths.items()
+             if (r := layer_recipe_for(path, table)) is not None}
+    known = sorted({p for p in paths.values() if p})
+    for entry in table:
+        if not any(re.search(entry.pattern, p) for p in known):
+            close = difflib.get_close_matches(entry.pattern, known, n=3, cutoff=0.3)
+            raise ConfigValidationError(
+                f"quantize.layer_recipes[{entry.pattern!r}]", entry.recipe.value,
+                f"its pattern matches no layer of this model ({len(known)} module paths"
+                + (f"; the closest: {', '.join(close)}" if close else
+                   f", e.g. {', '.join(known[:3])}")
+                + "); patterns are regular expressions searched in module paths",
+            )
+    return found
+
+
+def layer_recipe_record(
+    graphs: Sequence[torch.fx.Graph], table: Sequence[LayerRecipe], limit: int = 64
+) -> list[dict[str, object]]:
+    """What each entry of the per-layer table took, for the manifest: its pattern and recipe, and
+    the module paths of the op nodes of `graphs` it is the first match for (at most `limit`
+    listed, all counted)."""
+    taken: dict[int, set[str]] = {i: set() for i in range(len(table))}
+    for graph in graphs:
+        for node in graph.nodes:
+            path = module_path(node) if node.op == "call_function" else None
+            if path is None:
+                continue
+            for i, entry in enumerate(table):
+                if re.search(entry.pattern, path):
+                    taken[i].add(path)
+                    break
+    return [
+        {"pattern": entry.pattern, "recipe": entry.recipe.value,
+         "layers": len(taken[i]), "module_paths": sorted(taken[i])[:limit]}
+        for i, entry in enumerate(table)
+    ]
 
 
 def _check_float_linears_lower(
-    gm: torch.fx.GraphModule, target: Target, floats: set[str], patterns: Sequence[str]
+    gm: torch.fx.GraphModule, target: Target, floats: set[str], field: str,
+    patterns: Sequence[str],
 ) -> None:
     """Refuse, before any work, a float linear layer in a quantized QNN program.
 
@@ -138,7 +223,7 @@ def _check_float_linears_lower(
     ]
     if linears:
         raise ConfigValidationError(
-            "quantize.keep_float", list(patterns),
+            field, list(patterns),
             f"it leaves linear layer(s) {', '.join(sorted(linears)[:4])} in float, which the qnn "
             "backend cannot lower inside a quantized program (the HTP has no float "
             "FullyConnected between fixed-point tensors); quantize them (narrow the pattern) "

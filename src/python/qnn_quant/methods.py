@@ -23,6 +23,7 @@ from tqdm import tqdm
 
 from qnn_common.config import DEFAULT_LPBQ_BLOCK
 from qnn_common.errors import StageError
+from qnn_common.layer_recipes import LayerRecipe
 from qnn_common.llm import (
     DECODE,
     PREFILL,
@@ -53,7 +54,9 @@ from qnn_quant.layers import module_path, plan_layers
 from qnn_quant.method_modules import module_runner, share_state, written_buffers
 from qnn_quant.pt2e import (
     convert_program,
+    dynamic_keep_float,
     float_graph,
+    gptq_skips,
     prepare_program,
     weight_bits,
 )
@@ -84,6 +87,7 @@ def quantize_causal_lm(
     int8_weights: Sequence[str] | None = None,
     embedding_weights: EmbeddingWeights = DEFAULT_EMBEDDING_WEIGHTS,
     smooth_blocks: bool = True,
+    layer_recipes: Sequence[LayerRecipe] = (),
 ) -> tuple[dict[str, ExportedProgram], GptqResult | IntxResult | None]:
     """Quantize prefill and decode with shared scales, calibrating on token sequences (`rope`:
     the rotary table of a program whose cache is its inputs and outputs; `sink`: its attention
@@ -92,7 +96,8 @@ def quantize_causal_lm(
     Returns the programs and what GPTQ did (None when weights rounded to nearest). 8da4w
     (`qnn_quant.intx`) calibrates no scale: with `smooth_blocks`, a few texts choose each norm's
     block factor (`qnn_quant.smoothed_blocks`), then both methods' weights are quantized alike,
-    and the transform's record is returned instead.
+    and the transform's record is returned instead. `layer_recipes`: the per-layer recipe table
+    (`qnn_common.layer_recipes`), applied to both methods alike.
 
     With PT2E recipes `programs` is consumed: each float method leaves the dict once converted,
     and the quantized methods hold one copy of their equal weights, so a caller that keeps
@@ -105,6 +110,7 @@ def quantize_causal_lm(
     rounding = weight_rounding or default_weight_rounding(recipe, per_channel)
     check_weight_rounding(recipe, rounding, per_channel, "quantize.weight_rounding")
     if recipe.is_dynamic:
+        keep_float = dynamic_keep_float(programs[PREFILL], keep_float, layer_recipes)
         scales = choose_block_scales(
             programs, spec=spec, calibration=calibration, group_size=group_size, rope=rope,
             eligible=four_bit_linears(
@@ -132,13 +138,12 @@ def quantize_causal_lm(
     graphs = {method: float_graph(ep, target.backend) for method, ep in programs.items()}
     share_state(graphs, written)
     plans = {
-        method: plan_layers(gm, target, recipe, keep_float, dynamic_layers)
+        method: plan_layers(gm, target, recipe, keep_float, dynamic_layers, layer_recipes)
         for method, gm in graphs.items()
     }
-    floats = plans[PREFILL].float_nodes
     rounded = round_before_prepare(
         graphs, lambda: calibrate(graphs, "gptq"), recipe=recipe, rounding=rounding, bits=bits,
-        skip=lambda node: node.name in floats,
+        skip=gptq_skips(plans[PREFILL], recipe),
     )
     prepared = {
         method: prepare_program(

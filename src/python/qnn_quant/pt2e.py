@@ -15,7 +15,7 @@ Which layers stay in float and which quantize their activations at run time (dyn
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -25,6 +25,7 @@ from tqdm import tqdm
 from qnn_common.cli.noise import printed_noise_filtered
 from qnn_common.config import DEFAULT_LPBQ_BLOCK
 from qnn_common.errors import ConfigValidationError
+from qnn_common.layer_recipes import LayerRecipe
 from qnn_common.recipes import (
     Backend,
     Recipe,
@@ -47,7 +48,7 @@ from qnn_common.weight_groups import (
 from qnn_quant.gptq import GptqResult
 from qnn_quant.graph_rewrites import constant_matmuls_as_linear, constant_weight_views_folded
 from qnn_quant.intx import IntxResult, quantize_program_8da4w
-from qnn_quant.layers import LayerPlan, int8_linears, plan_layers
+from qnn_quant.layers import LayerPlan, int8_linears, plan_layers, tabled_recipes
 from qnn_quant.quantized_ops import NothingQuantizedError, is_observer, quantized_op_count
 from qnn_quant.quantizers import QuantizerSpec, decomposed_before_annotation, quantizer_for
 from qnn_quant.released_memory import drop_unused_tensors, forget_prepared_modules
@@ -71,6 +72,7 @@ def quantize_program(
     group_mapping: GroupMapping | None = None,
     int8_weights: Sequence[str] | None = None,
     embedding_weights: EmbeddingWeights = DEFAULT_EMBEDDING_WEIGHTS,
+    layer_recipes: Sequence[LayerRecipe] = (),
 ) -> ExportedProgram:
     """Quantize `ep` for `target` at `recipe`, calibrating on `calibration`; return a new program.
 
@@ -86,7 +88,9 @@ def quantize_program(
     scale of 8da4w, which calibrates nothing (`qnn_quant.intx`; the samples are not run);
     `group_mapping` its groups' form (and 16a4w_block's blocks', `qnn_quant.quantizers.lpbq`;
     None: the recipe's default), `int8_weights` (None: the output head) the linears it gives
-    int8 weights instead; `embedding_weights` its embedding tables' form.
+    int8 weights instead; `embedding_weights` its embedding tables' form. `layer_recipes`: the
+    per-layer recipe table (`qnn_common.layer_recipes`), which wins over the other choices for
+    the layers it names.
     Raises ConfigValidationError for float recipes, recipes the backend cannot run, bad patterns
     and calibration samples that do not fit the program. A sample is a tuple of positional
     arguments, or `ModelInputs` for a program that takes keyword arguments.
@@ -96,7 +100,7 @@ def quantize_program(
         block_size=block_size, progress=progress, keep_float=keep_float,
         weight_rounding=weight_rounding, dynamic_layers=dynamic_layers, group_size=group_size,
         group_mapping=group_mapping, int8_weights=int8_weights,
-        embedding_weights=embedding_weights,
+        embedding_weights=embedding_weights, layer_recipes=layer_recipes,
     )
     return program
 
@@ -117,6 +121,7 @@ def quantize_program_with_gptq(
     group_mapping: GroupMapping | None = None,
     int8_weights: Sequence[str] | None = None,
     embedding_weights: EmbeddingWeights = DEFAULT_EMBEDDING_WEIGHTS,
+    layer_recipes: Sequence[LayerRecipe] = (),
 ) -> tuple[ExportedProgram, GptqResult | IntxResult | None]:
     """`quantize_program`, also returning what GPTQ did (None when weights rounded to nearest),
     or for 8da4w what its weight transform did."""
@@ -124,6 +129,7 @@ def quantize_program_with_gptq(
     rounding = weight_rounding or default_weight_rounding(recipe, per_channel)
     check_weight_rounding(recipe, rounding, per_channel, "quantize.weight_rounding")
     if recipe.is_dynamic:
+        keep_float = dynamic_keep_float(ep, keep_float, layer_recipes)
         return quantize_program_8da4w(
             ep, target=target, group_size=group_size, keep_float=keep_float,
             mapping=group_mapping or default_group_mapping(recipe), int8_weights=int8_weights,
@@ -139,12 +145,12 @@ def quantize_program_with_gptq(
                 module(*inputs.args, **inputs.kwargs)
 
     graph_module = float_graph(ep, target.backend)
-    plan = plan_layers(graph_module, target, recipe, keep_float, dynamic_layers)
+    plan = plan_layers(graph_module, target, recipe, keep_float, dynamic_layers, layer_recipes)
     bits = weight_bits(recipe)
     with initial_buffers_kept(ep):
         rounded = round_before_prepare(
             {"forward": graph_module}, lambda: run(graph_module, "gptq"), recipe=recipe,
-            rounding=rounding, bits=bits, skip=lambda node: node.name in plan.float_nodes,
+            rounding=rounding, bits=bits, skip=gptq_skips(plan, recipe),
         )
         prepared = prepare_program(
             ep, target=target, recipe=recipe, per_channel=per_channel, block_size=block_size,
@@ -157,6 +163,24 @@ def quantize_program_with_gptq(
         )
     first = tuple(samples[0].args)
     return convert_program(ep, prepared, target=target, recipe=recipe, samples=[first]), result
+
+
+def gptq_skips(plan: LayerPlan, recipe: Recipe) -> Callable[[torch.fx.Node], bool]:
+    """The layers per-channel GPTQ leaves alone: float ones, and those the per-layer table gives
+    another recipe (their grid is not the one GPTQ rounds to; they round to nearest)."""
+    return lambda node: plan.recipe_of(node, recipe) is not recipe
+
+
+def dynamic_keep_float(
+    ep: ExportedProgram, keep_float: Sequence[str] | None, layer_recipes: Sequence[LayerRecipe]
+) -> Sequence[str] | None:
+    """8da4w's float layers: `keep_float` (None: its default, none) plus the per-layer table's
+    fp32 entries, the only ones it mixes with (`qnn_common.layer_recipes`); an entry that
+    matches no layer is refused as on the other recipes."""
+    if not layer_recipes:
+        return keep_float
+    tabled_recipes(ep.module(), layer_recipes)
+    return (*(keep_float or ()), *(e.pattern for e in layer_recipes))
 
 
 def weight_bits(recipe: Recipe) -> int:
@@ -234,13 +258,15 @@ def prepare_program(
     graph_module: torch.fx.GraphModule | None = None,
     plan: LayerPlan | None = None,
     int8_weights: Sequence[str] | None = None,
+    layer_recipes: Sequence[LayerRecipe] = (),
 ) -> torch.fx.GraphModule:
     """`ep` with the target's observers inserted (torchao `prepare_pt2e`), ready to calibrate.
 
     The recipe is checked against the target first; see `quantize_program` for the arguments
     (`int8_weights`: 16a4w_block's linears with 8-bit weights, `layers.int8_linears`).
     `graph_module`: `float_graph(ep)` when the caller already has it (e.g. GPTQ-rounded);
-    `plan`: its `qnn_quant.layers.plan_layers`, which then replaces keep_float / dynamic_layers.
+    `plan`: its `qnn_quant.layers.plan_layers`, which then replaces keep_float / dynamic_layers
+    / layer_recipes.
     """
     _check_quantizable(target, recipe)
 
@@ -250,12 +276,14 @@ def prepare_program(
     if graph_module is None:
         graph_module = float_graph(ep, target.backend)
     if plan is None:
-        plan = plan_layers(graph_module, target, recipe, keep_float, dynamic_layers)
+        plan = plan_layers(graph_module, target, recipe, keep_float, dynamic_layers,
+                           layer_recipes)
     spec = QuantizerSpec(
         target, recipe, per_channel, block_size, plan.float_nodes, plan.dynamic_nodes,
-        group_mapping or default_group_mapping(recipe),
-        int8_linears(graph_module, int8_weights)
+        group_mapping or default_group_mapping(_grouped_recipe(recipe, plan.layer_recipes)),
+        int8_linears(graph_module, int8_weights) - plan.tabled_nodes
         if recipe.traits.weight_groups is WeightGroups.LPBQ else frozenset(),
+        plan.layer_recipes,
     )
     quantizer = quantizer_for(spec, graph_module)
     # The QNN quantizer print()s a line per node of an op it has no config for (dropout...).
@@ -264,6 +292,14 @@ def prepare_program(
     if not any(is_observer(n) for n in prepared.graph.nodes):
         raise NothingQuantizedError(target, recipe, graph_module, len(plan.float_nodes))
     return prepared
+
+
+def _grouped_recipe(recipe: Recipe, table: Sequence[LayerRecipe]) -> Recipe:
+    """The recipe whose 4-bit groups (or LPBQ blocks) a program holds: its own, else the first
+    grouped one its per-layer table gives (a 16a8w program with some layers in LPBQ blocks)."""
+    if recipe.has_weight_groups:
+        return recipe
+    return next((e.recipe for e in table if e.recipe.has_weight_groups), recipe)
 
 
 def convert_program(

@@ -11,6 +11,7 @@ from qnn_common.config.checks import (
     soc_or_none,
 )
 from qnn_common.errors import ConfigValidationError
+from qnn_common.layer_recipes import LayerRecipe, check_layer_recipes
 from qnn_common.recipes import (
     Backend,
     Recipe,
@@ -77,6 +78,10 @@ class QuantizeConfig:
     # None: the default (GPTQ for calibrated 4-bit weights, per channel or in LPBQ blocks;
     # nearest otherwise).
     weight_rounding: WeightRounding | None = None
+    # Per-layer recipes (qnn_common.layer_recipes): module-path regexes, each giving the layers it
+    # matches first another recipe than `recipe` (the same activation bits) or fp32 (float).
+    # Wins over int8_weights and keep_float for the layers it names.
+    layer_recipes: tuple[LayerRecipe, ...] = ()
 
     def __post_init__(self) -> None:
         normalize_enums(self, "quantize")
@@ -113,14 +118,18 @@ class QuantizeConfig:
                      "quantize.recipe")
         positive("quantize.report_layers", self.report_layers, minimum=0)
         positive("quantize.block_size", self.block_size, minimum=2)
-        lpbq = self.recipe.traits.weight_groups is WeightGroups.LPBQ
-        if self.block_size != DEFAULT_LPBQ_BLOCK and not lpbq:
+        object.__setattr__(self, "layer_recipes", _layer_recipes(self.layer_recipes))
+        check_layer_recipes(self.backend, self.recipe, self.soc_info, self.layer_recipes)
+        blocked = any(r.traits.weight_groups is WeightGroups.LPBQ for r in self.recipes)
+        if self.block_size != DEFAULT_LPBQ_BLOCK and not blocked:
             raise ConfigValidationError(
                 "quantize.block_size", self.block_size,
-                "only the 16a4w_block (LPBQ) recipe quantizes weights in blocks",
+                "only the 16a4w_block (LPBQ) recipe quantizes weights in blocks (as the "
+                "model's recipe or a layer's)",
             )
         check_group_size(self.backend, self.recipe, self.group_size, "quantize.group_size")
-        if self.group_mapping is not None and not self.recipe.has_weight_groups:
+        grouped = any(r.has_weight_groups for r in self.recipes)
+        if self.group_mapping is not None and not grouped:
             raise ConfigValidationError(
                 "quantize.group_mapping", self.group_mapping.value,
                 f"only 8da4w's groups and 16a4w_block's blocks map 4-bit levels one way or "
@@ -159,6 +168,11 @@ class QuantizeConfig:
         _ = self.target  # validates backend / soc together
 
     @property
+    def recipes(self) -> tuple[Recipe, ...]:
+        """The model's recipe, then each other one its per-layer table gives."""
+        return tuple(dict.fromkeys((self.recipe, *(e.recipe for e in self.layer_recipes))))
+
+    @property
     def rounding(self) -> WeightRounding:
         """The weight rounding in effect: the one asked for, else the recipe's default."""
         if self.weight_rounding is None:
@@ -174,3 +188,25 @@ class QuantizeConfig:
         """The target the quantizer prepares the program for."""
         return Target(self.backend, self.soc_info)
 
+
+
+def _layer_recipes(value: object) -> tuple[LayerRecipe, ...]:
+    """`value` as the table: LayerRecipe entries, or {pattern, recipe} tables (TOML, JSON)."""
+    if not isinstance(value, list | tuple):
+        raise ConfigValidationError(
+            "quantize.layer_recipes", value,
+            "must be a list of {pattern, recipe} tables (or LayerRecipe)",
+        )
+    entries = []
+    for item in value:
+        if isinstance(item, LayerRecipe):
+            entries.append(item)
+        elif isinstance(item, dict) and set(item) == {"pattern", "recipe"}:
+            entries.append(LayerRecipe(item["pattern"], item["recipe"]))
+        else:
+            raise ConfigValidationError(
+                "quantize.layer_recipes", item,
+                "each entry is a table with exactly a pattern and a recipe, e.g. "
+                "{ pattern = 'layers\\.0\\.', recipe = \"16a8w\" }",
+            )
+    return tuple(entries)

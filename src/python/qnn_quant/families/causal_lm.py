@@ -52,6 +52,7 @@ def quantize(
         group_size=cfg.group_size, group_mapping=cfg.group_mapping,
         int8_weights=cfg.int8_weights,
         embedding_weights=cfg.embedding_weights, smooth_blocks=cfg.smooth_blocks,
+        layer_recipes=cfg.layer_recipes,
     )
     timings["quantize_s"] = time.perf_counter() - t
     log.info("quantized %s to %s for %s in %.1f s", ", ".join(quantized), cfg.recipe,

@@ -48,6 +48,7 @@ def quantize(
         group_mapping=cfg.group_mapping,
         int8_weights=cfg.int8_weights,
         embedding_weights=cfg.embedding_weights,
+        layer_recipes=cfg.layer_recipes,
     )
     timings["quantize_s"] = time.perf_counter() - t
     log.info("quantized to %s for %s in %.1f s", cfg.recipe, cfg.target, timings["quantize_s"])

@@ -9,9 +9,11 @@ import torch
 
 from qnn_common.config import DEFAULT_LPBQ_BLOCK
 from qnn_common.errors import BackendNotAvailableError
+from qnn_common.layer_recipes import LayerRecipe
 from qnn_common.recipes import Backend, Recipe
 from qnn_common.target import Target
 from qnn_common.weight_groups import GroupMapping
+from qnn_quant.layers import node_recipe
 
 
 @dataclass(frozen=True)
@@ -32,6 +34,14 @@ class QuantizerSpec:
     dynamic_nodes: frozenset[str] = frozenset()
     group_mapping: GroupMapping = GroupMapping.SYMMETRIC  # default_group_mapping(16a4w_block)
     int8_nodes: frozenset[str] = frozenset()
+    # Per-layer recipes (`qnn_common.layer_recipes`), matched by module path: on QNN a layer may
+    # take another recipe with the same activation bits (the other backends mix fp32 only, which
+    # `float_nodes` already holds).
+    layer_recipes: tuple[LayerRecipe, ...] = ()
+
+    def recipe_of(self, node: torch.fx.Node) -> Recipe:
+        """The recipe `node` is quantized at (fp32: left float)."""
+        return node_recipe(node, self.recipe, self.float_nodes, self.layer_recipes)
 
 
 class QuantizerProvider(Protocol):

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -202,25 +202,33 @@ def configure(
     float_nodes: frozenset[str],
     offsets_config: Any,
     int8_nodes: frozenset[str] = frozenset(),
+    *,
+    wanted: Callable[[torch.fx.Node], bool] | None = None,
+    rules: Sequence[tuple[Callable[[torch.fx.Node], bool], Any]] = (),
 ) -> dict[str, tuple[int, ...]]:
     """Rewrite `gm` for LPBQ and set `quantizer`'s block sizes (module docstring); the sizes,
     empty when nothing is blockable. `offsets_config` (a QNN ModuleQConfig, 8-bit weights per
     channel) quantizes the group-sum and group-offset linears, and the `int8_nodes` linears,
     which are not blocked (a causal LM's output head: the tied embedding table, on no 4-bit
-    grid, whose 4-bit blocks cost SmolLM2 more perplexity than all its other linears')."""
+    grid, whose 4-bit blocks cost SmolLM2 more perplexity than all its other linears').
+    `wanted`: the layers to block (None: every blockable one; the per-layer recipe table gives
+    some layers other recipes); `rules`: the quantizer's other per-layer configs, after the
+    offsets' (QnnQuantizer holds one list)."""
 
     def quantized(node: torch.fx.Node) -> bool:
-        return node.name not in float_nodes and node.name not in int8_nodes
+        return (node.name not in float_nodes and node.name not in int8_nodes
+                and (wanted is None or wanted(node)))
 
     _advise_on_grid(gm, block, mapping)
     offset_nodes: frozenset[str] = frozenset()
     if mapping is GroupMapping.ASYMMETRIC:
         offset_nodes = split_group_offsets(gm, block, quantized)
     eight_bit = offset_nodes | (int8_nodes - float_nodes)
+    submodule_rules = list(rules)
     if eight_bit:
-        quantizer.set_submodule_qconfig_list(
-            [(lambda node: node.name in eight_bit, offsets_config)]
-        )
+        submodule_rules.insert(0, (lambda node: node.name in eight_bit, offsets_config))
+    if submodule_rules:
+        quantizer.set_submodule_qconfig_list(submodule_rules)
     convs = linears_as_pointwise_convs(
         gm,
         lambda node: node.name not in offset_nodes and quantized(node)
@@ -228,7 +236,10 @@ def configure(
     )
     if convs:
         log.info("%d blockable linears run as 1x1 convolutions (LPBQ)", len(convs))
-    sizes = block_sizes(gm, block, skip=eight_bit | float_nodes)
+    unwanted = frozenset() if wanted is None else frozenset(
+        n.name for n in gm.graph.nodes if n.op == "call_function" and not wanted(n)
+    )
+    sizes = block_sizes(gm, block, skip=eight_bit | float_nodes | unwanted)
     if sizes:
         quantizer.set_block_size_map(sizes)
         _own_block_observers(quantizer)

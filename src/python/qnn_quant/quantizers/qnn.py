@@ -3,14 +3,16 @@
 set_default_quant_config(QuantDtype, per-channel conv and linear, MinMaxObserver activations; see
 `quantizer` for why not its default observer). 16a4w_block additionally sets per-block (LPBQ)
 weights on every linear and 1x1 convolution whose input channels divide into blocks of the
-configured size, in the graph `qnn_quant.quantizers.lpbq` prepares for it.
+configured size, in the graph `qnn_quant.quantizers.lpbq` prepares for it. The per-layer recipe
+table (`qnn_common.layer_recipes`) becomes per-layer configs of the same activation width, LPBQ
+blocks included (a 16a8w program with some layers in blocks, or 16a4w_block with some at 16a8w).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -122,6 +124,30 @@ def _constant_masks_bounded(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
 
 
 
+def _layer_rules(
+    spec: QuantizerSpec, module_qconfig: Any, quant_dtype: Any, observer: Any
+) -> list[tuple[Callable[[torch.fx.Node], bool], Any]]:
+    """QnnQuantizer's per-layer configs for the per-layer recipe table: one rule per recipe the
+    table gives other than the model's (fp32 layers are discarded nodes), matching the layers
+    whose recipe it is, in the table's order."""
+    rules: list[tuple[Callable[[torch.fx.Node], bool], Any]] = []
+    for recipe in dict.fromkeys(e.recipe for e in spec.layer_recipes):
+        if recipe in (spec.recipe, Recipe.FP32):
+            continue
+        config = module_qconfig(
+            getattr(quant_dtype, QNN_DTYPES[recipe]), is_conv_per_channel=spec.per_channel,
+            is_linear_per_channel=spec.per_channel, act_observer=observer,
+        )
+        rules.append((_taking(spec, recipe), config))
+    return rules
+
+
+def _taking(spec: QuantizerSpec, recipe: Recipe) -> Callable[[torch.fx.Node], bool]:
+    """Whether a node is quantized at `recipe` (a function per recipe: a lambda in the loop
+    would see the loop's last recipe)."""
+    return lambda node: spec.recipe_of(node) is recipe
+
+
 @contextlib.contextmanager
 def _no_qnn_sdk_download() -> Iterator[None]:
     """Stop QnnQuantizer's constructor from trying to download the Qualcomm SDK.
@@ -186,14 +212,18 @@ def quantizer(spec: QuantizerSpec, gm: torch.fx.GraphModule) -> Any:
         is_linear_per_channel=spec.per_channel,
         act_observer=MinMaxObserver,
     )
-    if recipe.traits.weight_groups is WeightGroups.LPBQ:
+    rules = _layer_rules(spec, ModuleQConfig, QuantDtype, MinMaxObserver)
+    blocked = {r for r in (recipe, *(e.recipe for e in spec.layer_recipes))
+               if r.traits.weight_groups is WeightGroups.LPBQ}
+    if blocked:
         offsets_config = ModuleQConfig(
             QuantDtype.use_16a8w, is_conv_per_channel=True, is_linear_per_channel=True,
             act_observer=MinMaxObserver,
         )
         sizes = lpbq.configure(
             quantizer, gm, spec.block_size, spec.group_mapping, spec.float_nodes, offsets_config,
-            spec.int8_nodes,
+            spec.int8_nodes, rules=rules,
+            wanted=lambda node: spec.recipe_of(node).traits.weight_groups is WeightGroups.LPBQ,
         )
         if not sizes:
             raise ConfigValidationError(
@@ -202,6 +232,8 @@ def quantizer(spec: QuantizerSpec, gm: torch.fx.GraphModule) -> Any:
                 "multiple of it, so nothing would be block-quantized; pick a divisor of the "
                 "input sizes, or 16a4w for 4-bit weights per channel",
             )
+    elif rules:
+        quantizer.set_submodule_qconfig_list(rules)
     if spec.float_nodes:
         quantizer.add_discard_nodes(sorted(spec.float_nodes))
     upstream_transform = quantizer.transform_for_annotation
