@@ -30,7 +30,7 @@ from qnn_common.recipes import Backend, Recipe
 from qnn_common.target import Target
 from qnn_compile.backends import lowering_for
 from qnn_compile.lower import LoweredProgram, lower_program
-from qnn_quant.pt2e import quantize_program
+from qnn_quant.engine import quantize_program
 from qnn_testing.cases import CATALOGUE, SEED
 
 Lower = Callable[[torch.export.ExportedProgram], LoweredProgram]

@@ -57,7 +57,7 @@ from qnn_pipeline.context import PipelineContext
 from qnn_pipeline.orchestrator import run_pipeline
 from qnn_prepare.calibration import make_calibration
 from qnn_prepare.models import load_model
-from qnn_quant.pt2e import quantize_program
+from qnn_quant.engine import quantize_program
 
 
 def _plain(model_name: str, recipe: Recipe, args: argparse.Namespace, workdir: Path,

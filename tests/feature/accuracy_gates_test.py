@@ -129,7 +129,11 @@ def test_a_program_that_matches_its_fake_quant_model_blames_the_recipe() -> None
     message = str(AccuracyGateError(Path("out"), cast(Any, None), verdict["failures"], "8a8w",
                                     lossy))
     assert "matches its fake-quantized model (35 dB)" in message
-    assert "the loss is the recipe's" in message and "16-bit activations" in message
+    assert "the loss is the recipe's" in message and "try --recipe 16a8w" in message
+    # A 16-bit recipe is not told to take 16-bit activations: the next recipe up is named.
+    block = str(AccuracyGateError(Path("out"), cast(Any, None), verdict["failures"],
+                                  "16a4w_block", lossy))
+    assert "try --recipe 16a8w" in block and "16-bit activations" not in block
     # Far from both (or no fake-quant comparison): nothing is blamed.
     for accuracy in ({"vs_fp32": _acc(8.0, 0.5), "vs_fake_quant": _acc(12.0, 0.95)},
                      {"vs_fp32": _acc(8.0, 0.5)}):

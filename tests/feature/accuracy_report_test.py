@@ -16,7 +16,7 @@ from qnn_prepare.calibration import make_calibration, random_samples
 from qnn_prepare.causal_lm.tiny_decoders import save_tiny_llama
 from qnn_prepare.models import load_model
 from qnn_prepare.task import LoadedModel, export_program
-from qnn_quant.pt2e import quantize_program
+from qnn_quant.engine import quantize_program
 from qnn_quant.report import accuracy_report, accuracy_report_and_outputs
 
 

@@ -18,8 +18,8 @@ from qnn_infer.runner import HostRunner
 from qnn_prepare.calibration import make_calibration
 from qnn_prepare.models import load_model
 from qnn_prepare.task import LoadedModel, export_program
+from qnn_quant.engine import quantize_program
 from qnn_quant.fused_qdq import reference_module
-from qnn_quant.pt2e import quantize_program
 from qnn_quant.quantized_ops import dynamic_op_count
 from qnn_quant.quantizers import dynamic_scale_per_row
 

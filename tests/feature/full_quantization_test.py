@@ -25,7 +25,7 @@ from qnn_compile.backends import lowering_for
 from qnn_compile.lower import lower_program
 from qnn_pipeline.context import PipelineContext
 from qnn_pipeline.orchestrator import run_pipeline
-from qnn_quant.pt2e import quantize_program
+from qnn_quant.engine import quantize_program
 from qnn_quant.quantized_ops import NothingQuantizedError, quantized_op_kinds
 from support import gpt2_model
 

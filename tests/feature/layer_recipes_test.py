@@ -20,8 +20,8 @@ from qnn_prepare.calibration import make_calibration
 from qnn_prepare.causal_lm.tiny_decoders import save_tiny_llama
 from qnn_prepare.models import load_model
 from qnn_prepare.task import LoadedModel, export_program
+from qnn_quant.engine import quantize_program
 from qnn_quant.layers import layer_recipe_record, module_path
-from qnn_quant.pt2e import quantize_program
 
 HTP = Target(Backend.QNN, lookup_soc("SM8650"))
 DOWN_0 = "hf.model.layers.0.mlp.down_proj"

@@ -12,23 +12,24 @@ import pytest
 import torch
 from torch import nn
 
-from qnn_common.config import CompileConfig
+from qnn_common.config import CompileConfig, QuantizeConfig
 from qnn_common.recipes import Backend, Recipe
-from qnn_common.target import Target
 from qnn_compile import xnnpack_passes
 from qnn_compile.backends import lowering_for
 from qnn_compile.lower import lower_program
 from qnn_prepare.causal_lm.export import export_methods, load_causal_lm, text_sequences
-from qnn_quant.methods import quantize_causal_lm
+from qnn_quant.calibration import causal_lm_calibration
+from qnn_quant.engine import quantize_methods
 
 
 def _quantized_decoder() -> dict[str, torch.export.ExportedProgram]:
     """tiny-llama's prefill and decode over a KV cache, 8a8w for XNNPACK: graphs the XNNPACK
     partitioner splits into many partitions (cache writes and rotary ops stay outside)."""
     lm = load_causal_lm("tiny-llama", max_seq_len=32, prefill_len=8)
-    quantized, _ = quantize_causal_lm(
-        export_methods(lm), target=Target(Backend.XNNPACK), recipe=Recipe.A8W8, spec=lm.spec,
-        calibration=text_sequences(lm, 2, 16), progress=False,
+    quantized, _ = quantize_methods(
+        export_methods(lm), QuantizeConfig(backend=Backend.XNNPACK, recipe=Recipe.A8W8),
+        causal_lm_calibration(lm.spec, text_sequences(lm, 2, 16), progress=False),
+        progress=False,
     )
     return quantized
 

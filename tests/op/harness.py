@@ -1,6 +1,6 @@
 """Runs op cases through the real stage libraries, sharing work between cells.
 
-export -> (PT2E quantize) -> lower -> execute, with `qnn_quant.pt2e.quantize_program`,
+export -> (PT2E quantize) -> lower -> execute, with `qnn_quant.engine.quantize_program`,
 `qnn_compile.lower.lower_program` and `qnn_infer.runner.HostRunner`, exactly as the pipeline
 calls them. Exports are cached per case, quantized programs per (case, quantizer, recipe):
 XNNPACK and portable share one quantizer, so their quantized programs are one and the same.
@@ -29,7 +29,7 @@ from qnn_compile.backends import lowering_for
 from qnn_compile.lower import lower_program
 from qnn_infer.runner import HostRunner
 from qnn_infer.runtimes import prepare_runtime
-from qnn_quant.pt2e import quantize_program
+from qnn_quant.engine import quantize_program
 from qnn_testing.cases import SEED, OpCase
 from qnn_testing.matrix import OpTarget
 from qnn_testing.structure import Lowered, is_qdq

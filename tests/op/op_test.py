@@ -23,7 +23,7 @@ from qnn_common.soc import HtpArch
 from qnn_compile.backends import lowering_for
 from qnn_compile.decompositions import MissingKernelError
 from qnn_compile.lower import lower_program
-from qnn_quant.pt2e import quantize_program
+from qnn_quant.engine import quantize_program
 from qnn_testing.cases import CATALOGUE
 from qnn_testing.coverage import Status
 from qnn_testing.matrix import (

@@ -120,8 +120,8 @@ def _recipe_cause(
     matched = _fake_quant_match(failures, accuracy)
     if matched is not None:
         return (f" The program matches its fake-quantized model ({_fmt(matched, 'sqnr_db')}), "
-                "so the loss is the recipe's, not the compile's: pick more bits (16-bit "
-                f"activations), {per_layer}")
+                f"so the loss is the recipe's, not the compile's: {_more_bits(recipe)}, "
+                f"{per_layer}")
     recipe_kl = _fake_quant_kl(failures, accuracy)
     if recipe_kl is not None:
         return (f" Its fake-quantized model is about as far from fp32 (KL {recipe_kl:.4g}), so "

@@ -23,7 +23,8 @@ from qnn_common.recipes import Backend, Recipe, parse_enum
 from qnn_common.soc import lookup_soc
 from qnn_pipeline.out_lock import sole_sweep
 from qnn_pipeline.ray_join import check_ray_address
-from qnn_pipeline.sweep import STAGE_SECTIONS, Matrix, run_sweep
+from qnn_pipeline.sweep import run_sweep
+from qnn_pipeline.sweep_plan import STAGE_SECTIONS, Matrix
 
 EPILOG = """examples:
   qnn-pipeline sweep --model tiny-cnn,minilm --backend xnnpack,portable --recipe fp32,8a8w

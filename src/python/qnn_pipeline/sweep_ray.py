@@ -15,7 +15,7 @@ from typing import Any
 from qnn_common.cli.child_env import import_path
 from qnn_pipeline.ray_join import DEFAULT_JOIN_TIMEOUT_S, first_line, joined_ray
 from qnn_pipeline.ray_reaper import reaped_ray
-from qnn_pipeline.sweep import NodeResult, ProgressCallback, SweepPlan, execute_node
+from qnn_pipeline.sweep_plan import NodeResult, ProgressCallback, SweepPlan, execute_node
 
 
 def ray_init_kwargs(jobs: int | None, address: str | None, verbose: bool = False) -> dict[str, Any]:

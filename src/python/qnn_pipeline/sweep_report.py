@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from qnn_common.store.atomic import atomic_write_text
-from qnn_pipeline.sweep import CellResult
+from qnn_pipeline.sweep_plan import CellResult
 
 MARKDOWN_NAME = "sweep.md"
 JSON_NAME = "sweep.json"

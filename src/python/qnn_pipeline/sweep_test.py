@@ -14,7 +14,8 @@ import pytest
 from qnn_common.config import Stage
 from qnn_common.errors import ConfigValidationError
 from qnn_common.recipes import Backend, Recipe
-from qnn_pipeline.sweep import (
+from qnn_pipeline.sweep_cli import sweep_from_mapping
+from qnn_pipeline.sweep_plan import (
     Cell,
     Matrix,
     NodeResult,
@@ -23,7 +24,6 @@ from qnn_pipeline.sweep import (
     node_counts,
     plan_sweep,
 )
-from qnn_pipeline.sweep_cli import sweep_from_mapping
 from qnn_pipeline.sweep_report import to_markdown, write_reports
 
 ART = Path("art")

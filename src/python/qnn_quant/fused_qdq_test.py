@@ -8,8 +8,8 @@ import torch
 from qnn_common.recipes import Backend, Recipe
 from qnn_common.soc import lookup_soc
 from qnn_common.target import Target
+from qnn_quant.engine import quantize_program
 from qnn_quant.fused_qdq import float_activations, fuse_qdq_pairs, reference_module
-from qnn_quant.pt2e import quantize_program
 
 
 class _Block(torch.nn.Module):

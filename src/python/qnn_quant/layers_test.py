@@ -12,8 +12,9 @@ from qnn_common.metrics import cosine
 from qnn_common.recipes import Backend, Recipe
 from qnn_common.soc import lookup_soc
 from qnn_common.target import Target
+from qnn_quant.engine import quantize_program
 from qnn_quant.layers import ENCODER_LINEARS, plan_layers
-from qnn_quant.pt2e import float_graph, quantize_program
+from qnn_quant.pt2e import float_graph
 from qnn_quant.quantized_ops import dynamic_op_count, quantized_op_count
 
 

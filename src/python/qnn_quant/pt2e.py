@@ -15,12 +15,11 @@ Which layers stay in float and which quantize their activations at run time (dyn
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 from torch.export import ExportedProgram
-from tqdm import tqdm
 
 from qnn_common.cli.noise import printed_noise_filtered
 from qnn_common.config import DEFAULT_LPBQ_BLOCK
@@ -30,158 +29,20 @@ from qnn_common.recipes import (
     Backend,
     Recipe,
     WeightGroups,
-    WeightRounding,
     check_recipe,
-    check_weight_rounding,
-    default_weight_rounding,
 )
 from qnn_common.target import Target
-from qnn_common.torchio.program_state import initial_buffers_kept
-from qnn_common.torchio.samples import ModelInputs, as_model_inputs
 from qnn_common.weight_groups import (
-    DEFAULT_EMBEDDING_WEIGHTS,
-    DEFAULT_GROUP_SIZE,
-    EmbeddingWeights,
     GroupMapping,
     default_group_mapping,
 )
-from qnn_quant.gptq import GptqResult
 from qnn_quant.graph_rewrites import constant_matmuls_as_linear, constant_weight_views_folded
-from qnn_quant.intx import IntxResult, quantize_program_8da4w
-from qnn_quant.layers import LayerPlan, int8_linears, plan_layers, tabled_recipes
+from qnn_quant.layers import LayerPlan, int8_linears, plan_layers
 from qnn_quant.quantized_ops import NothingQuantizedError, is_observer, quantized_op_count
 from qnn_quant.quantizers import QuantizerSpec, decomposed_before_annotation, quantizer_for
 from qnn_quant.released_memory import drop_unused_tensors, forget_prepared_modules
-from qnn_quant.weight_rounding import calibrate_with_rounding, round_before_prepare
 
 log = logging.getLogger(__name__)
-
-def quantize_program(
-    ep: ExportedProgram,
-    *,
-    target: Target,
-    recipe: Recipe,
-    calibration: Sequence[tuple[torch.Tensor, ...] | ModelInputs],
-    per_channel: bool = True,
-    block_size: int = DEFAULT_LPBQ_BLOCK,
-    progress: bool = True,
-    keep_float: Sequence[str] | None = None,
-    weight_rounding: WeightRounding | None = None,
-    dynamic_layers: Sequence[str] | None = None,
-    group_size: int = DEFAULT_GROUP_SIZE,
-    group_mapping: GroupMapping | None = None,
-    int8_weights: Sequence[str] | None = None,
-    embedding_weights: EmbeddingWeights = DEFAULT_EMBEDDING_WEIGHTS,
-    layer_recipes: Sequence[LayerRecipe] = (),
-) -> ExportedProgram:
-    """Quantize `ep` for `target` at `recipe`, calibrating on `calibration`; return a new program.
-
-    The target's SoC (QNN) decides which recipes are legal; the rules are checked before any work.
-    `keep_float` holds regular expressions searched in each node's nn.Module path (e.g.
-    ``^head$``); matching layers stay in float. None means `qnn_quant.layers.default_keep_float`
-    (BERT-family outlier layers at 8-bit activations, nothing otherwise); pass ``()`` to quantize
-    every layer the quantizer supports. `dynamic_layers` names, the same way, linear layers whose
-    activations are quantized at run time (XNNPACK, portable); None means
-    `qnn_quant.layers.default_dynamic_layers` (encoder blocks' linears at 8-bit activations).
-    `weight_rounding` None means the recipe's default (GPTQ for 4-bit per-channel weights,
-    `qnn_common.recipes.default_weight_rounding`). `group_size`: input channels per 4-bit weight
-    scale of 8da4w, which calibrates nothing (`qnn_quant.intx`; the samples are not run);
-    `group_mapping` its groups' form (and 16a4w_block's blocks', `qnn_quant.quantizers.lpbq`;
-    None: the recipe's default), `int8_weights` (None: the output head) the linears it gives
-    int8 weights instead; `embedding_weights` its embedding tables' form. `layer_recipes`: the
-    per-layer recipe table (`qnn_common.layer_recipes`), which wins over the other choices for
-    the layers it names.
-    Raises ConfigValidationError for float recipes, recipes the backend cannot run, bad patterns
-    and calibration samples that do not fit the program. A sample is a tuple of positional
-    arguments, or `ModelInputs` for a program that takes keyword arguments.
-    """
-    program, _ = quantize_program_with_gptq(
-        ep, target=target, recipe=recipe, calibration=calibration, per_channel=per_channel,
-        block_size=block_size, progress=progress, keep_float=keep_float,
-        weight_rounding=weight_rounding, dynamic_layers=dynamic_layers, group_size=group_size,
-        group_mapping=group_mapping, int8_weights=int8_weights,
-        embedding_weights=embedding_weights, layer_recipes=layer_recipes,
-    )
-    return program
-
-
-def quantize_program_with_gptq(
-    ep: ExportedProgram,
-    *,
-    target: Target,
-    recipe: Recipe,
-    calibration: Sequence[tuple[torch.Tensor, ...] | ModelInputs],
-    per_channel: bool = True,
-    block_size: int = DEFAULT_LPBQ_BLOCK,
-    progress: bool = True,
-    keep_float: Sequence[str] | None = None,
-    weight_rounding: WeightRounding | None = None,
-    dynamic_layers: Sequence[str] | None = None,
-    group_size: int = DEFAULT_GROUP_SIZE,
-    group_mapping: GroupMapping | None = None,
-    int8_weights: Sequence[str] | None = None,
-    embedding_weights: EmbeddingWeights = DEFAULT_EMBEDDING_WEIGHTS,
-    layer_recipes: Sequence[LayerRecipe] = (),
-) -> tuple[ExportedProgram, GptqResult | IntxResult | None]:
-    """`quantize_program`, also returning what GPTQ did (None when weights rounded to nearest),
-    or for 8da4w what its weight transform did."""
-    _check_quantizable(target, recipe)
-    rounding = weight_rounding or default_weight_rounding(recipe, per_channel)
-    check_weight_rounding(recipe, rounding, per_channel, "quantize.weight_rounding")
-    if recipe.is_dynamic:
-        keep_float = dynamic_keep_float(ep, keep_float, layer_recipes)
-        return quantize_program_8da4w(
-            ep, target=target, group_size=group_size, keep_float=keep_float,
-            mapping=group_mapping or default_group_mapping(recipe), int8_weights=int8_weights,
-            embedding_weights=embedding_weights, calibration_samples=len(calibration),
-        )
-    samples = _check_calibration(ep, calibration)
-
-    def run(module: torch.nn.Module, desc: str) -> None:
-        with torch.no_grad():
-            for sample in tqdm(samples, desc=desc, unit="sample", disable=not progress):
-                # A copy: a model that updates an input in place must not change our samples.
-                inputs = sample.clone()
-                module(*inputs.args, **inputs.kwargs)
-
-    graph_module = float_graph(ep, target.backend)
-    plan = plan_layers(graph_module, target, recipe, keep_float, dynamic_layers, layer_recipes)
-    bits = weight_bits(recipe)
-    with initial_buffers_kept(ep):
-        rounded = round_before_prepare(
-            {"forward": graph_module}, lambda: run(graph_module, "gptq"), recipe=recipe,
-            rounding=rounding, bits=bits, skip=gptq_skips(plan, recipe),
-        )
-        prepared = prepare_program(
-            ep, target=target, recipe=recipe, per_channel=per_channel, block_size=block_size,
-            group_mapping=group_mapping, graph_module=graph_module, plan=plan,
-            int8_weights=int8_weights,
-        )
-        result = calibrate_with_rounding(
-            {"forward": prepared}, lambda: run(prepared, "calibrate"), recipe=recipe,
-            rounding=rounding, bits=bits, rounded=rounded,
-        )
-    first = tuple(samples[0].args)
-    return convert_program(ep, prepared, target=target, recipe=recipe, samples=[first]), result
-
-
-def gptq_skips(plan: LayerPlan, recipe: Recipe) -> Callable[[torch.fx.Node], bool]:
-    """The layers per-channel GPTQ leaves alone: float ones, and those the per-layer table gives
-    another recipe (their grid is not the one GPTQ rounds to; they round to nearest)."""
-    return lambda node: plan.recipe_of(node, recipe) is not recipe
-
-
-def dynamic_keep_float(
-    ep: ExportedProgram, keep_float: Sequence[str] | None, layer_recipes: Sequence[LayerRecipe]
-) -> Sequence[str] | None:
-    """8da4w's float layers: `keep_float` (None: its default, none) plus the per-layer table's
-    fp32 entries, the only ones it mixes with (`qnn_common.layer_recipes`); an entry that
-    matches no layer is refused as on the other recipes."""
-    if not layer_recipes:
-        return keep_float
-    tabled_recipes(ep.module(), layer_recipes)
-    return (*(keep_float or ()), *(e.pattern for e in layer_recipes))
-
 
 def weight_bits(recipe: Recipe) -> int:
     """The weight bit width of a quantized recipe."""
@@ -354,60 +215,3 @@ def _example_inputs(
         args, kwargs = ep.example_inputs
         return tuple(args), dict(kwargs) if kwargs else None
     return tuple(samples[0]), None
-
-
-def _input_values(ep: ExportedProgram) -> list[Any] | None:
-    """The program's user inputs in order: fake tensors, and constants (int, None, ...) for
-    the non-tensor inputs torch.export specialized; None if they cannot be read."""
-    from torch.export.graph_signature import ConstantArgument, InputKind
-
-    user_inputs = [s for s in ep.graph_signature.input_specs if s.kind == InputKind.USER_INPUT]
-    placeholders = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
-    values: list[Any] = []
-    for spec in user_inputs:
-        if isinstance(spec.arg, ConstantArgument):
-            values.append(spec.arg.value)
-            continue
-        node = placeholders.get(getattr(spec.arg, "name", ""))
-        val = node.meta.get("val") if node is not None else None
-        if not isinstance(val, torch.Tensor):
-            return None
-        values.append(val)
-    return values
-
-
-def _check_calibration(
-    ep: ExportedProgram, calibration: Sequence[tuple[torch.Tensor, ...] | ModelInputs]
-) -> list[ModelInputs]:
-    """The samples as ModelInputs, each checked against the program's flat user inputs (the
-    pytree leaves of its args and kwargs; constants are checked by the program's own guards)."""
-    field = "calibration"
-    samples = [as_model_inputs(s) for s in calibration]
-    if not samples:
-        raise ConfigValidationError(field, 0, "need at least one calibration sample")
-    specs = _input_values(ep)
-    if specs is None:
-        return samples
-    for i, sample in enumerate(samples):
-        leaves = sample.leaves()
-        if len(leaves) != len(specs):
-            raise ConfigValidationError(
-                field, f"sample {i}",
-                f"has {len(leaves)} inputs (pytree leaves of its args and kwargs), the program "
-                f"takes {len(specs)}",
-            )
-        for j, (got, want) in enumerate(zip(leaves, specs, strict=True)):
-            if not isinstance(want, torch.Tensor):
-                continue
-            if not isinstance(got, torch.Tensor):
-                raise ConfigValidationError(
-                    field, f"sample {i} input {j}", f"expected a tensor, got {got!r}"
-                )
-            if got.dtype != want.dtype or tuple(got.shape) != tuple(want.shape):
-                raise ConfigValidationError(
-                    field,
-                    f"sample {i} input {j}",
-                    f"expected {want.dtype} {list(want.shape)}, "
-                    f"got {got.dtype} {list(got.shape)}",
-                )
-    return samples

@@ -12,7 +12,8 @@ from qnn_common.metrics import cosine
 from qnn_common.recipes import Backend, Recipe
 from qnn_common.target import Target
 from qnn_common.torchio.samples import Sample
-from qnn_quant.pt2e import quantize_program, writes_into_a_view
+from qnn_quant.engine import quantize_program
+from qnn_quant.pt2e import writes_into_a_view
 from qnn_quant.report import accuracy_report
 
 

@@ -1,5 +1,5 @@
-"""Where a recipe's GPTQ runs in the PT2E flow: one place for the one-program path
-(`pt2e.quantize_program_with_gptq`) and the causal-LM path (`methods.quantize_causal_lm`).
+"""Where a recipe's GPTQ runs in the PT2E flow (`static.quantize_static`, for every method of a
+program alike).
 
 Per-channel grids are known before the quantizer runs, so their GPTQ rounds the float graphs
 before `prepare_pt2e` (`gptq.round_weights`), and after calibration each rounded weight's

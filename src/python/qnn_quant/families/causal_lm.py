@@ -1,5 +1,5 @@
 """A generating decoder's `prefill` and `decode`: quantized with one set of scales (calibrated
-through prefill, decode's observers given prefill's statistics: `qnn_quant.methods`); the
+through prefill, decode's observers given prefill's statistics: `qnn_quant.shared_scales`); the
 fake-quant reference is their teacher-forced logits on the eval texts, judged against the fp32
 model's."""
 
@@ -10,7 +10,8 @@ import time
 
 import torch
 
-from qnn_common.llm import method_steps, teacher_forced_logits
+from qnn_common.errors import ArtifactError
+from qnn_common.llm import DECODE, PREFILL, method_steps, teacher_forced_logits
 from qnn_common.manifest import Manifest
 from qnn_common.metrics import logits_accuracy
 from qnn_common.stages import (
@@ -23,10 +24,11 @@ from qnn_common.stages import (
     sink_of,
 )
 from qnn_common.torchio.samples import load_samples
+from qnn_quant.calibration import causal_lm_calibration
+from qnn_quant.engine import quantize_methods
 from qnn_quant.families import Quantized
 from qnn_quant.fused_qdq import reference_module
 from qnn_quant.method_modules import lm_modules, module_runner
-from qnn_quant.methods import quantize_causal_lm
 from qnn_quant.quantizers import dynamic_scale_per_row
 
 log = logging.getLogger(__name__)
@@ -45,15 +47,12 @@ def quantize(
     timings: dict[str, float] = {}
 
     t = time.perf_counter()
-    quantized, weights = quantize_causal_lm(
-        programs, target=cfg.target, recipe=cfg.recipe, spec=spec, calibration=calibration,
-        per_channel=cfg.per_channel, block_size=cfg.block_size, keep_float=cfg.keep_float,
-        rope=rope, sink=sink, weight_rounding=cfg.rounding, dynamic_layers=cfg.dynamic_layers,
-        group_size=cfg.group_size, group_mapping=cfg.group_mapping,
-        int8_weights=cfg.int8_weights,
-        embedding_weights=cfg.embedding_weights, smooth_blocks=cfg.smooth_blocks,
-        layer_recipes=cfg.layer_recipes,
-    )
+    missing = {PREFILL, DECODE} - set(programs)
+    if missing:
+        raise ArtifactError(inp.source, f"a causal LM needs methods {PREFILL} and {DECODE}; "
+                            f"it lacks {', '.join(sorted(missing))}")
+    quantized, weights = quantize_methods(
+        programs, cfg, causal_lm_calibration(spec, calibration, rope=rope, sink=sink))
     timings["quantize_s"] = time.perf_counter() - t
     log.info("quantized %s to %s for %s in %.1f s", ", ".join(quantized), cfg.recipe,
              cfg.target, timings["quantize_s"])

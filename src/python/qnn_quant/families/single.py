@@ -1,6 +1,6 @@
-"""One method: PT2E (or 8da4w) on the prepared samples; the accuracy report compares the
-quantized program with the fp32 one output by output and, where the inputs are positional,
-layer by layer."""
+"""One method: the quantization engine (`qnn_quant.engine`) on the prepared samples; the
+accuracy report compares the quantized program with the fp32 one output by output and, where
+the inputs are positional, layer by layer."""
 
 from __future__ import annotations
 
@@ -14,9 +14,10 @@ from qnn_common.manifest import Manifest
 from qnn_common.metrics import compare_samples
 from qnn_common.stages import CALIBRATION, EVAL_INPUTS, REFERENCE_FP32, QuantizeInput
 from qnn_common.torchio.samples import ModelInputs, flatten_outputs, load_inputs, load_samples
+from qnn_quant.calibration import program_calibration
+from qnn_quant.engine import quantize_methods
 from qnn_quant.families import Quantized
 from qnn_quant.fused_qdq import reference_module
-from qnn_quant.pt2e import quantize_program_with_gptq
 from qnn_quant.quantizers import dynamic_scale_per_row
 from qnn_quant.report import accuracy_report_and_outputs
 
@@ -34,22 +35,9 @@ def quantize(
     timings: dict[str, float] = {}
 
     t = time.perf_counter()
-    quantized, weights = quantize_program_with_gptq(
-        program,
-        target=cfg.target,
-        recipe=cfg.recipe,
-        calibration=calibration,
-        per_channel=cfg.per_channel,
-        block_size=cfg.block_size,
-        keep_float=cfg.keep_float,
-        weight_rounding=cfg.rounding,
-        dynamic_layers=cfg.dynamic_layers,
-        group_size=cfg.group_size,
-        group_mapping=cfg.group_mapping,
-        int8_weights=cfg.int8_weights,
-        embedding_weights=cfg.embedding_weights,
-        layer_recipes=cfg.layer_recipes,
-    )
+    quantized_methods, weights = quantize_methods(
+        {method: program}, cfg, program_calibration(program, calibration))
+    quantized = quantized_methods[method]
     timings["quantize_s"] = time.perf_counter() - t
     log.info("quantized to %s for %s in %.1f s", cfg.recipe, cfg.target, timings["quantize_s"])
 

@@ -10,7 +10,7 @@ from qnn_common.recipes import Backend, Recipe
 from qnn_common.soc import lookup_soc
 from qnn_common.target import Target
 from qnn_common.weight_groups import GroupMapping
-from qnn_quant.pt2e import quantize_program
+from qnn_quant.engine import quantize_program
 from qnn_quant.quantizers.lpbq_observer import lpbq_scales
 
 HTP = Target(Backend.QNN, lookup_soc("SM8650"))

@@ -1,4 +1,5 @@
-"""Prefill and decode quantized with one set of scales (`quantize_causal_lm`, `share_observers`)."""
+"""Prefill and decode quantized with one set of scales (the engine with a causal LM's
+calibration, `share_observers`)."""
 
 from __future__ import annotations
 
@@ -9,16 +10,19 @@ import pytest
 import torch
 from torch import nn
 
+from qnn_common.config import QuantizeConfig
 from qnn_common.errors import StageError
 from qnn_common.llm import DECODE, PREFILL, LlmSpec
 from qnn_common.recipes import Backend, Recipe
 from qnn_common.soc import lookup_soc
 from qnn_common.target import Target
+from qnn_quant.calibration import causal_lm_calibration
+from qnn_quant.engine import quantize_methods
 from qnn_quant.fused_qdq import reference_module
 from qnn_quant.layers import plan_layers
 from qnn_quant.method_modules import module_runner
-from qnn_quant.methods import quantize_causal_lm, share_observers
 from qnn_quant.pt2e import float_graph, prepare_program
+from qnn_quant.shared_scales import share_observers
 
 HTP = Target(Backend.QNN, lookup_soc("SM8650"))
 VOCAB, HIDDEN, PREFILL_LEN = 64, 16, 4
@@ -72,8 +76,8 @@ def test_decode_gets_prefills_scales_for_a_tied_lm_head() -> None:
     decode's LM head was quantized at scale 1 and its logits were noise."""
     calibration = [torch.randint(0, VOCAB, (2 * PREFILL_LEN,), generator=torch.Generator()
                                  .manual_seed(i)) for i in range(4)]
-    quantized, _ = quantize_causal_lm(
-        _programs(), target=HTP, recipe=Recipe.A16W8, spec=SPEC, calibration=calibration,
+    quantized, _ = quantize_methods(
+        _programs(), _htp(Recipe.A16W8), causal_lm_calibration(SPEC, calibration, progress=False),
         progress=False,
     )
     prefill_scales, decode_scales = (_weight_scales(quantized[m]) for m in (PREFILL, DECODE))
@@ -95,9 +99,9 @@ def test_lpbq_decode_converts_with_prefills_block_scales() -> None:
     original_dtype to be populated") for every causal LM at 16a4w_block."""
     calibration = [torch.randint(0, VOCAB, (2 * PREFILL_LEN,), generator=torch.Generator()
                                  .manual_seed(i)) for i in range(4)]
-    quantized, _ = quantize_causal_lm(
-        _programs(), target=HTP, recipe=Recipe.A16W4_BLOCK, spec=SPEC, calibration=calibration,
-        block_size=HIDDEN, progress=False,
+    quantized, _ = quantize_methods(
+        _programs(), _htp(Recipe.A16W4_BLOCK, block_size=HIDDEN),
+        causal_lm_calibration(SPEC, calibration, progress=False), progress=False,
     )
     blocks = {
         method: [n.args[1] for n in program.graph.nodes
@@ -135,8 +139,8 @@ def test_quantizing_consumes_the_float_methods_and_keeps_one_copy_of_the_weights
     floats = [weakref.ref(t) for p in programs.values() for t in p.state_dict.values()]
     calibration = [torch.randint(0, VOCAB, (2 * PREFILL_LEN,), generator=torch.Generator()
                                  .manual_seed(i)) for i in range(2)]
-    quantized, _ = quantize_causal_lm(
-        programs, target=HTP, recipe=Recipe.A16W8, spec=SPEC, calibration=calibration,
+    quantized, _ = quantize_methods(
+        programs, _htp(Recipe.A16W8), causal_lm_calibration(SPEC, calibration, progress=False),
         progress=False,
     )
     assert programs == {}
@@ -150,3 +154,10 @@ def test_quantizing_consumes_the_float_methods_and_keeps_one_copy_of_the_weights
     assert weights[PREFILL].keys() == weights[DECODE].keys()
     for name, tensor in weights[PREFILL].items():
         assert weights[DECODE][name] is tensor, name
+
+
+def _htp(recipe: Recipe, block_size: int | None = None) -> QuantizeConfig:
+    """The config of `recipe` for the HTP (SM8650)."""
+    if block_size is None:
+        return QuantizeConfig(backend=Backend.QNN, soc="SM8650", recipe=recipe)
+    return QuantizeConfig(backend=Backend.QNN, soc="SM8650", recipe=recipe, block_size=block_size)
