@@ -29,7 +29,7 @@ from qnn_common.errors import StageError
 from qnn_common.recipes import Backend
 from qnn_common.store.atomic import atomic_path
 from qnn_common.torchio.program_state import buffers
-from qnn_compile.backends import BackendLowering
+from qnn_compile.backends.lowering import BackendLowering
 from qnn_compile.cia_ops import materializing_once
 from qnn_compile.context_cache import ContextRecord
 from qnn_compile.decompositions import check_kernels, check_ranks, decompose

@@ -1,4 +1,4 @@
-"""The handler of dynamic recipes (`engine.RecipeKind.DYNAMIC`): 8da4w over every method.
+"""The handler of dynamic recipes (`handlers.RecipeKind.DYNAMIC`): 8da4w over every method.
 
 Nothing is calibrated: activation scales are chosen per token at run time (`qnn_quant.intx`
 says what the weight transform does and why). For a causal LM the family's `smoothing` chooses,
@@ -33,7 +33,7 @@ from qnn_common.weight_groups import (
 )
 from qnn_quant.calibration import Calibration
 from qnn_quant.embedding import embedding_form, quantize_embeddings
-from qnn_quant.engine import RecipeKind, WeightsRecord, register_handler
+from qnn_quant.handlers import RecipeKind, WeightsRecord, register_handler
 from qnn_quant.intx import IntxResult, four_bit_linears, quantize_graph_8da4w
 from qnn_quant.layers import tabled_recipes
 from qnn_quant.quantized_ops import NothingQuantizedError

@@ -2,8 +2,8 @@
 quantized by the handler registered for the recipe's kind, calibrated the way the model's
 family says.
 
-A handler lives beside what it implements and registers itself there, as torchao's
-`register_quantize_module_handler` does:
+A handler lives beside what it implements and registers itself there
+(`qnn_quant.handlers.register_handler`), as torchao's `register_quantize_module_handler` does:
 
 - `RecipeKind.STATIC` (`qnn_quant.static`): PT2E with the backend's quantizer. Activation
   scales come from calibration, GPTQ rounds weights where the recipe uses it, and methods that
@@ -13,16 +13,13 @@ A handler lives beside what it implements and registers itself there, as torchao
   smoothed blocks.
 
 Handlers take the `QuantizeConfig` whole (its per-layer recipe table included) and the family's
-`Calibration`. A new kind of recipe is a module with a registered handler and its entry in
-`_HANDLER_MODULES` (add-a-recipe.md, beside this module).
+`Calibration`. A new kind of recipe is a module that registers its handler
+(`qnn_quant.handlers.register_handler`), imported here (add-a-recipe.md, beside this module).
 """
 
 from __future__ import annotations
 
-import enum
-import importlib
-from collections.abc import Callable, Sequence
-from typing import Protocol, TypeVar
+from collections.abc import Sequence
 
 import torch
 from torch.export import ExportedProgram
@@ -39,60 +36,11 @@ from qnn_common.weight_groups import (
     EmbeddingWeights,
     GroupMapping,
 )
+
+# Imported for their handlers, which they register (qnn_quant.handlers).
+from qnn_quant import dynamic, static  # noqa: F401
 from qnn_quant.calibration import Calibration, program_calibration
-from qnn_quant.gptq import GptqResult
-from qnn_quant.intx import IntxResult
-
-
-class RecipeKind(enum.StrEnum):
-    """How a recipe's activation scales are chosen: the handler that quantizes it."""
-
-    STATIC = "static"  # from calibration (PT2E)
-    DYNAMIC = "dynamic"  # per token at run time (8da4w)
-
-
-def kind_of(recipe: Recipe) -> RecipeKind:
-    return RecipeKind.DYNAMIC if recipe.is_dynamic else RecipeKind.STATIC
-
-
-WeightsRecord = GptqResult | IntxResult | None
-
-
-class Handler(Protocol):
-    def __call__(
-        self, programs: dict[str, ExportedProgram], cfg: QuantizeConfig,
-        calibration: Calibration, *, progress: bool,
-    ) -> tuple[dict[str, ExportedProgram], WeightsRecord]:
-        """Quantize `programs` (consumed: each float method leaves the dict once converted) at
-        `cfg`; the quantized methods, and what rounded their weights (GPTQ's record, 8da4w's
-        transform, or None)."""
-        ...
-
-
-H = TypeVar("H", bound=Handler)
-_HANDLERS: dict[RecipeKind, Handler] = {}
-# Imported on first use: each pulls in torchao and ExecuTorch quantizers (seconds).
-_HANDLER_MODULES: dict[RecipeKind, str] = {
-    RecipeKind.STATIC: "qnn_quant.static",
-    RecipeKind.DYNAMIC: "qnn_quant.dynamic",
-}
-
-
-def register_handler(kind: RecipeKind) -> Callable[[H], H]:
-    """Register the decorated function as the handler of `kind`'s recipes."""
-
-    def register(handler: H) -> H:
-        _HANDLERS[kind] = handler
-        return handler
-
-    return register
-
-
-def handler_for(recipe: Recipe) -> Handler:
-    kind = kind_of(recipe)
-    if kind not in _HANDLERS:
-        importlib.import_module(_HANDLER_MODULES[kind])
-    return _HANDLERS[kind]
+from qnn_quant.handlers import WeightsRecord, handler_for
 
 
 def quantize_methods(

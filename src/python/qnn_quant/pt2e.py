@@ -39,7 +39,8 @@ from qnn_common.weight_groups import (
 from qnn_quant.graph_rewrites import constant_matmuls_as_linear, constant_weight_views_folded
 from qnn_quant.layers import LayerPlan, int8_linears, plan_layers
 from qnn_quant.quantized_ops import NothingQuantizedError, is_observer, quantized_op_count
-from qnn_quant.quantizers import QuantizerSpec, decomposed_before_annotation, quantizer_for
+from qnn_quant.quantizers import decomposed_before_annotation, quantizer_for
+from qnn_quant.quantizers.spec import QuantizerSpec
 from qnn_quant.released_memory import drop_unused_tensors, forget_prepared_modules
 
 log = logging.getLogger(__name__)

@@ -1,4 +1,4 @@
-"""The handler of static recipes (`engine.RecipeKind.STATIC`): PT2E over every method.
+"""The handler of static recipes (`handlers.RecipeKind.STATIC`): PT2E over every method.
 
 Per method: the float graph (`pt2e.float_graph`), its layer plan (`layers.plan_layers`: float,
 dynamic and per-layer recipes), GPTQ where the recipe rounds before the quantizer runs
@@ -25,7 +25,7 @@ from qnn_common.recipes import Recipe
 from qnn_common.torchio.program_state import initial_buffers_kept
 from qnn_common.torchio.programs import share_equal_weights
 from qnn_quant.calibration import Calibration
-from qnn_quant.engine import RecipeKind, WeightsRecord, register_handler
+from qnn_quant.handlers import RecipeKind, WeightsRecord, register_handler
 from qnn_quant.layers import LayerPlan, plan_layers
 from qnn_quant.method_modules import share_state, written_buffers
 from qnn_quant.pt2e import convert_program, float_graph, prepare_program, weight_bits

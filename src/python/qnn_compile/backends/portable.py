@@ -6,7 +6,7 @@ import torch
 from torch.export import ExportedProgram
 
 from qnn_common.config import CompileConfig
-from qnn_compile.backends import BackendLowering
+from qnn_compile.backends.lowering import BackendLowering
 
 # The affine quantize ops of torchao's quantized tensors (8da4w: qnn_quant.intx). The runtime
 # has no kernels for them (its quantized library is quantized_decomposed's), and torchao

@@ -27,7 +27,7 @@ from qnn_common.config import HTP_PERFORMANCE_MODES, CompileConfig
 from qnn_common.errors import ConfigValidationError
 from qnn_common.qnn_sdk import ready_qnn_sdk
 from qnn_common.recipes import Recipe
-from qnn_compile.backends import BackendLowering
+from qnn_compile.backends.lowering import BackendLowering
 from qnn_compile.constant_subgraphs import folding_pass
 from qnn_compile.context_cache import ContextCache, building_contexts, one_context_per_method
 from qnn_compile.int_casts import keep_code_casts_on_cpu, truncation_pass

@@ -30,7 +30,7 @@ import torch
 from torch.export import ExportedProgram
 
 from qnn_common.config import CompileConfig
-from qnn_compile.backends import BackendLowering
+from qnn_compile.backends.lowering import BackendLowering
 from qnn_compile.progress import logged_partitioner, logging_partitions
 from qnn_compile.shared_constants import sharing_weights_with_xnnpack
 from qnn_compile.xnnpack_passes import skipping_idle_passes

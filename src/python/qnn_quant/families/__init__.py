@@ -12,39 +12,12 @@ A new family is a module with `quantize` and an entry in `family_for`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
-
-import torch
 
 from qnn_common.errors import ArtifactError
 from qnn_common.manifest import Manifest
-from qnn_common.stages import QuantizeInput, llm_spec_of, program_files
-from qnn_quant.gptq import GptqResult
-from qnn_quant.intx import IntxResult
-
-
-@dataclass(frozen=True)
-class Quantized:
-    """What a family hands back: the quantized methods, the fake-quant reference (its outputs
-    on the eval samples, one tuple per sample), what rounded the weights, the accuracy record
-    and the seconds of each step."""
-
-    programs: dict[str, torch.export.ExportedProgram]
-    fake_quant: list[tuple[torch.Tensor, ...]]
-    weights: GptqResult | IntxResult | None
-    accuracy: dict[str, Any]
-    timings: dict[str, float] = field(default_factory=dict)
-
-
-class Family(Protocol):
-    def quantize(
-        self, inp: QuantizeInput, src: Manifest,
-        programs: dict[str, torch.export.ExportedProgram],
-    ) -> Quantized:
-        """Quantize `programs` (the prepared artifact's methods, by name) for `inp.config`."""
-        ...
+from qnn_common.stages import llm_spec_of, program_files
+from qnn_quant.families.family import Family
 
 
 def family_for(source: Path, src: Manifest) -> Family:

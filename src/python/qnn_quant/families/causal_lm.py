@@ -26,7 +26,7 @@ from qnn_common.stages import (
 from qnn_common.torchio.samples import load_samples
 from qnn_quant.calibration import causal_lm_calibration
 from qnn_quant.engine import quantize_methods
-from qnn_quant.families import Quantized
+from qnn_quant.families.family import Quantized
 from qnn_quant.fused_qdq import reference_module
 from qnn_quant.method_modules import lm_modules, module_runner
 from qnn_quant.quantizers import dynamic_scale_per_row

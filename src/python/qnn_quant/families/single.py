@@ -16,7 +16,7 @@ from qnn_common.stages import CALIBRATION, EVAL_INPUTS, REFERENCE_FP32, Quantize
 from qnn_common.torchio.samples import ModelInputs, flatten_outputs, load_inputs, load_samples
 from qnn_quant.calibration import program_calibration
 from qnn_quant.engine import quantize_methods
-from qnn_quant.families import Quantized
+from qnn_quant.families.family import Quantized
 from qnn_quant.fused_qdq import reference_module
 from qnn_quant.quantizers import dynamic_scale_per_row
 from qnn_quant.report import accuracy_report_and_outputs

@@ -15,8 +15,9 @@ from qnn_common.soc import lookup_soc
 from qnn_common.target import Target
 from qnn_common.weight_groups import GroupMapping
 from qnn_quant.calibration import program_calibration
-from qnn_quant.engine import WeightsRecord, quantize_methods
+from qnn_quant.engine import quantize_methods
 from qnn_quant.gptq import GptqResult, gptq, nearest
+from qnn_quant.handlers import WeightsRecord
 from qnn_quant.quantizers.lpbq_observer import lpbq_scales
 from qnn_testing.rounding import each_rounding, held_out_sqnr, low_rank_batches
 

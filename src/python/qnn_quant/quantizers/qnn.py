@@ -20,7 +20,8 @@ import torch
 from qnn_common.errors import ConfigValidationError
 from qnn_common.llm_spec import MASK_VALUE
 from qnn_common.recipes import RECIPES, Recipe, WeightGroups
-from qnn_quant.quantizers import QuantizerSpec, lpbq
+from qnn_quant.quantizers import lpbq
+from qnn_quant.quantizers.spec import QuantizerSpec
 
 # Recipe -> QuantDtype member name (`RecipeTraits.qnn_dtype`). Looked up by name and tested with
 # `is None`: QuantDtype is an IntEnum whose use_16a16w is 0, so `if dtype:` would silently drop

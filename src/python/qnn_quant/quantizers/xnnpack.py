@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from qnn_quant.quantizers import QuantizerSpec
+from qnn_quant.quantizers.spec import QuantizerSpec
 
 
 def _float_scalars_to_attrs(model: torch.fx.GraphModule) -> torch.fx.GraphModule:
