@@ -35,6 +35,7 @@ from qnn_infer.families.causal_lm import load_tokenizer, program_logits, prompt_
 from qnn_infer.generate import generate
 from qnn_pipeline.context import PipelineContext
 from qnn_pipeline.orchestrator import run_pipeline
+from qnn_pipeline.summary import format_summary
 from qnn_prepare.causal_lm.smollm2 import save_smollm2
 from qnn_quant.api import run_quantize
 from qnn_quant.fused_qdq import reference_module
@@ -186,6 +187,10 @@ def test_a_mixed_recipe_builds_and_its_program_matches_its_fake_quant(out: Path)
     table = (LayerRecipe(r"layers\.0\.mlp\.down_proj$", Recipe.A16W8),)
     summary = _run(out, "16a4w_block", quantize={"layer_recipes": table})
     assert summary["generation"]["new_tokens"] == 8
+    assert summary["layer_recipes"] == [
+        {"pattern": table[0].pattern, "recipe": "16a8w", "layers": 1}]
+    assert "layer recipes: layers\\.0\\.mlp\\.down_proj$ -> 16a8w (1 layer(s))" in (
+        format_summary(summary))
     assert summary["accuracy"]["sqnr_db_vs_fake_quant"] >= 50
     (entry,) = (s for s in summary["stages"] if s["name"] == "quantize")
     quantized = load_manifest(Path(entry["artifact"]), expect_stage=Stage.QUANTIZE)

@@ -47,6 +47,9 @@ class QuantizeReport:
     quantized_ops: int | None = None
     quantized_op_kinds: dict[str, int] | None = None
     dynamic_ops: int | None = None
+    # The per-layer recipe table's entries, each with the layers it took (pattern, recipe,
+    # layers, module_paths); empty when the whole model is at its recipe.
+    layer_recipes: list[dict[str, Any]] = field(default_factory=list)
 
     @classmethod
     def of(cls, manifest: Manifest | None) -> QuantizeReport:
@@ -56,6 +59,7 @@ class QuantizeReport:
         return cls(
             Comparison.of(accuracy.get("vs_fp32")), list(accuracy.get("worst_layers") or []),
             m.get("quantized_ops"), m.get("quantized_op_kinds"), m.get("dynamic_ops"),
+            list(m.get("layer_recipes") or []),
         )
 
 

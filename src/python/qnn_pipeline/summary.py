@@ -139,6 +139,10 @@ def build_summary(
         "quantized_op_kinds": quantized.quantized_op_kinds,
         # Of those, ops whose activation scale is chosen at run time (qnn_quant.layers).
         "dynamic_ops": quantized.dynamic_ops,
+        # The per-layer recipes and the layers each took (quantize.layer_recipes).
+        "layer_recipes": [
+            {k: e.get(k) for k in ("pattern", "recipe", "layers")} for e in quantized.layer_recipes
+        ],
         "pte_bytes": compiled.pte_bytes,
         "delegated_ops": compiled.delegated_ops,
         "non_delegated_ops": compiled.non_delegated_ops,
@@ -250,6 +254,10 @@ def format_summary(summary: dict[str, Any]) -> str:
             f"quantized ops: {summary['quantized_ops']}" + (f" ({by_kind})" if by_kind else "")
             + (f", of which {dynamic} dynamic (activation scale per call)" if dynamic else "")
         )
+    if summary.get("layer_recipes"):
+        lines.append("layer recipes: " + "; ".join(
+            f"{e['pattern']} -> {e['recipe']} ({e['layers']} layer(s))"
+            for e in summary["layer_recipes"]))
     gen = summary.get("generation")
     if gen:
         lines.append(
