@@ -11,6 +11,7 @@ Issue 49: one flipped byte in a planned buffer's size made the rehearsal child a
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -24,7 +25,6 @@ import torch
 
 from qnn_common.config import InferConfig
 from qnn_common.stages import PTE, InferInput
-from qnn_common.store import own_programs
 from qnn_compile.cli import main as compile_main
 from qnn_infer import cli as infer_cli
 from qnn_infer import isolation, memory_cap
@@ -54,7 +54,6 @@ def compiled(tmp_path_factory: pytest.TempPathFactory) -> Path:
     assert prepare_main(["--model", "tiny-cnn", "-o", str(root / "prepare"), *common]) == 0
     assert quant_main([str(root / "prepare"), "-o", str(root / "quantize"), "-q"]) == 0
     assert compile_main([str(root / "quantize"), "-o", str(root / "compile"), "-q"]) == 0
-    own_programs.forget_all()  # the tests below play a stranger to this program
     return root / "compile"
 
 
@@ -140,13 +139,13 @@ def test_only_a_program_this_process_did_not_compile_is_rehearsed(
     config = InferConfig(warmup=0, runs=1)
     first = run_infer(InferInput(compiled, config, tmp_path / "a"))
     assert rehearsals == [compiled / PTE]  # compiled by "someone else": rehearsed, and ran
-    own_programs.remember((compiled / PTE).read_bytes())
-    try:
-        again = run_infer(InferInput(compiled, config, tmp_path / "b"))
-    finally:
-        own_programs.forget_all()
-    assert rehearsals == [compiled / PTE]  # ours: in-process directly
+    digest = hashlib.sha256((compiled / PTE).read_bytes()).hexdigest()
+    again = run_infer(InferInput(compiled, config, tmp_path / "b", compiled_here=digest))
+    assert rehearsals == [compiled / PTE]  # handed on by its compile: in-process directly
     assert first.accuracy == again.accuracy
+    # A digest that is not the file's (it was swapped since): rehearsed.
+    run_infer(InferInput(compiled, config, tmp_path / "c", compiled_here="0" * 64))
+    assert rehearsals == [compiled / PTE] * 2
 
 
 def test_a_chained_run_does_not_rehearse_its_own_program(
@@ -156,7 +155,7 @@ def test_a_chained_run_does_not_rehearse_its_own_program(
     argv = ["--model", "tiny-cnn", "--calibration-samples", "2", "--runs", "1", "-q"]
     assert pipeline_cli.main([*argv, "--out", str(out)]) == 0
     assert rehearsals == []
-    own_programs.forget_all()  # a later run of this process is a stranger to it, as after exit
+    # A later run finds the compile cached: the program comes from disk and is rehearsed.
     assert pipeline_cli.main([*argv, "--out", str(out), "--runs", "2"]) == 0
     assert len(rehearsals) == 1  # compile cached, infer reran: the program came from disk
 

@@ -199,6 +199,9 @@ class CompileInput:
 class CompileOutput:
     artifact_dir: Path
     manifest: Manifest
+    # The sha256 of the .pte as this process's compile wrote it: handed to infer in the same run
+    # (`InferInput.compiled_here`), which then runs it in-process without a rehearsal.
+    pte_sha256: str | None = None
 
     @property
     def pte(self) -> Path:
@@ -210,6 +213,10 @@ class InferInput:
     source: Path  # a compile artifact directory, or any .pte file
     config: InferConfig
     out_dir: Path
+    # The sha256 of the .pte as this process's compile wrote it (`CompileOutput.pte_sha256`),
+    # from a caller that holds that output; None: a program from disk, which infer rehearses in
+    # a child first (`qnn_infer.isolation`). Not part of the cache key: it changes no output.
+    compiled_here: str | None = None
 
     def __post_init__(self) -> None:
         _require(self.source, "the program to run")

@@ -29,7 +29,6 @@ from qnn_common.stages import (
     program_files,
     quantized_for,
 )
-from qnn_common.store import own_programs
 from qnn_common.store.artifact_dir import begin_artifact
 from qnn_common.store.hashing import sha256_file
 from qnn_common.torchio.programs import load_methods
@@ -156,7 +155,6 @@ def run_compile(inp: CompileInput) -> CompileOutput:
     seconds = time.perf_counter() - t
     # Streamed: joined in memory first, the program's bytes would be held twice at the peak.
     pte = lowered.write_pte(out / PTE)
-    own_programs.remember_digest(pte.sha256)  # infer may run it in-process, unrehearsed
     log.info(
         "lowered for %s in %.1f s: %d ops delegated, %d not, %d partition(s), %d bytes",
         cfg.target, seconds, lowered.delegated_ops, lowered.non_delegated_ops,
@@ -200,4 +198,4 @@ def run_compile(inp: CompileInput) -> CompileOutput:
             kind="custom", methods=tuple(programs)
         ),
     )
-    return CompileOutput(inp.out_dir, manifest)
+    return CompileOutput(inp.out_dir, manifest, pte.sha256)

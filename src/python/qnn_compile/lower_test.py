@@ -17,7 +17,6 @@ import torch
 from qnn_common.config import CompileConfig
 from qnn_common.errors import StageError
 from qnn_common.recipes import Backend, Recipe
-from qnn_common.store import own_programs
 from qnn_compile.backends import lowering_for
 from qnn_compile.lower import LoweredProgram, lower_program
 from qnn_compile.op_counts import op_name
@@ -167,8 +166,6 @@ def test_the_pte_streams_to_its_file_as_the_same_bytes(
     assert data == program.pte
     assert written.size == len(data) and written.sha256 == hashlib.sha256(data).hexdigest()
     assert [p.name for p in tmp_path.iterdir()] == ["model.pte"]  # no temp file left
-    own_programs.remember_digest(written.sha256)
-    assert own_programs.is_own(tmp_path / "model.pte")
 
 
 @pytest.mark.parametrize("recipe", [Recipe.FP32, Recipe.A8W8])

@@ -23,9 +23,10 @@ Why fork, not a fresh interpreter: the child shares the imported runtime, the lo
 libraries and the inputs, copy-on-write; a new Python would import torch again, seconds per
 program. The runtime's threadpool survives a fork (ExecuTorch reinitialises it in the child).
 
-Programs this process compiled itself (`qnn_common.store.own_programs`: a chained pipeline run) skip
-the rehearsal, so a normal run pays nothing; a cached compile artifact, a `--from X.pte` or a
-`qnn-infer` of a directory is rehearsed, at the cost of loading the program and running its
+A program this process's compile just wrote skips the rehearsal (a chained pipeline run: the
+orchestrator hands the digest compile wrote to infer, `InferInput.compiled_here`, and the file
+must still hash to it), so a normal run pays nothing; a cached compile artifact, a `--from X.pte`
+or a `qnn-infer` of a directory is rehearsed, at the cost of loading the program and running its
 inputs twice.
 """
 
@@ -43,7 +44,7 @@ from pathlib import Path
 from qnn_common.cli.noise import stop_filtering_native_output
 from qnn_common.cli.support import EXIT_ERROR
 from qnn_common.errors import ArtifactError, PipelineError
-from qnn_common.store import own_programs
+from qnn_common.store.hashing import sha256_file
 from qnn_infer import memory_cap
 
 log = logging.getLogger(__name__)
@@ -60,9 +61,13 @@ _NATIVE_OUT_OF_MEMORY = "std::bad_alloc"
 _ERROR_PREFIX = "error: "
 
 
-def rehearse_unless_own(pte: Path, rehearsal: Rehearsal) -> None:
-    """`rehearse` unless `pte` holds a program this process compiled (then nothing to do)."""
-    if own_programs.is_own(pte):
+def rehearse_unless_compiled_here(
+    pte: Path, compiled_here: str | None, rehearsal: Rehearsal
+) -> None:
+    """`rehearse` unless `pte` holds exactly the bytes this process's compile wrote
+    (`compiled_here`, their sha256): then nothing to do. A file edited or swapped since hashes
+    otherwise and is rehearsed."""
+    if compiled_here is not None and sha256_file(pte) == compiled_here:
         log.debug("%s: compiled by this process; running it in-process directly", pte)
         return
     rehearse(pte, rehearsal)

@@ -25,6 +25,7 @@ from qnn_common.sealing import load_manifest
 from qnn_common.stages import (
     CONTEXT_CACHE_DIR,
     CompileInput,
+    CompileOutput,
     InferInput,
     PrepareInput,
     PrepareOutput,
@@ -88,6 +89,9 @@ class Artifact:
     path: Path
     manifest: Manifest | None = None
     programs: Programs = field(default_factory=dict, repr=False)
+    # A compile that ran in this process: its .pte's sha256, which infer then runs in-process
+    # without rehearsing it (`InferInput.compiled_here`); None for anything found on disk.
+    pte_sha256: str | None = None
 
 
 StageIn = TypeVar("StageIn", PrepareInput, QuantizeInput, CompileInput, InferInput)
@@ -117,7 +121,8 @@ class StageRunner(Generic[StageIn]):
     def run_into(self, ctx: PipelineContext, source: Artifact | None, out_dir: Path) -> Artifact:
         output = self.run(self.make_input(ctx, source, out_dir))
         programs = output.programs if isinstance(output, PrepareOutput | QuantizeOutput) else {}
-        return Artifact(out_dir, output.manifest, programs)
+        pte_sha256 = output.pte_sha256 if isinstance(output, CompileOutput) else None
+        return Artifact(out_dir, output.manifest, programs, pte_sha256)
 
 
 # The output directory of an input built only for its cache key: never written.
@@ -166,8 +171,13 @@ _COMPILE = StageRunner[CompileInput](
     compile_cache_key,
     run_compile,
 )
+def _infer_input(ctx: PipelineContext, source: Artifact | None, out: Path) -> InferInput:
+    src = _need(source, Stage.INFER)
+    return InferInput(src.path, ctx.infer, out, compiled_here=src.pte_sha256)
+
+
 _INFER = StageRunner[InferInput](
-    lambda ctx, src, out: InferInput(_need(src, Stage.INFER).path, ctx.infer, out),
+    _infer_input,
     infer_cache_key,
     run_infer,
 )

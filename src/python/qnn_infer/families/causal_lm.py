@@ -53,7 +53,7 @@ from qnn_common.torchio.hf_untrusted import HF_LOAD, refuse_custom_code
 from qnn_common.torchio.samples import load_samples
 from qnn_infer.gate_check import judge_accuracy
 from qnn_infer.generate import Generation, PteLm, generate, prompt_rest_decode_up_to
-from qnn_infer.isolation import Rehearsal, Step, rehearse_unless_own
+from qnn_infer.isolation import Rehearsal, Step, rehearse_unless_compiled_here
 from qnn_infer.program_check import check_program_matches
 from qnn_infer.pte import check_pte_header
 from qnn_infer.runtimes import delegates_in, prepare_runtime, set_cpu_threads
@@ -231,7 +231,7 @@ def run(
     threads = set_cpu_threads(cfg.threads)
     rope, sink = rope_of(inp.source, upstream), sink_of(inp.source, upstream)
     check_pte_header(pte)
-    rehearse_unless_own(pte, _generating(pte, spec, rope, sink))
+    rehearse_unless_compiled_here(pte, inp.compiled_here, _generating(pte, spec, rope, sink))
     out = begin_artifact(inp.out_dir, inputs=[inp.source])
     lm = PteLm(pte, spec, rope, sink)
     try:

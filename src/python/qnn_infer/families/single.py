@@ -31,7 +31,7 @@ from qnn_common.store.artifact_dir import begin_artifact
 from qnn_common.torchio.samples import load_inputs, load_samples, save_samples
 from qnn_infer.device import device_runner
 from qnn_infer.gate_check import judge_accuracy
-from qnn_infer.isolation import Rehearsal, Step, rehearse_unless_own
+from qnn_infer.isolation import Rehearsal, Step, rehearse_unless_compiled_here
 from qnn_infer.measure import measure_latency
 from qnn_infer.program_check import check_program_matches
 from qnn_infer.pte import check_pte_header
@@ -97,7 +97,8 @@ def run(
         threads = set_cpu_threads(cfg.threads)
     # Before anything is written: a program that aborts the runtime is one error line.
     check_pte_header(pte)
-    rehearse_unless_own(pte, _loading(pte) if cfg.device is not None else _running(pte, flat))
+    rehearse_unless_compiled_here(
+        pte, inp.compiled_here, _loading(pte) if cfg.device is not None else _running(pte, flat))
 
     out = begin_artifact(inp.out_dir, inputs=[inp.source, cfg.inputs_file])
     etdump = out / ETDUMP if cfg.etdump else None
