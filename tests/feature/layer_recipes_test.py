@@ -17,11 +17,10 @@ from qnn_common.recipes import Backend, Recipe
 from qnn_common.soc import lookup_soc
 from qnn_common.target import Target
 from qnn_prepare.calibration import make_calibration
-from qnn_prepare.causal_lm.tiny_decoders import save_tiny_llama
-from qnn_prepare.models import load_model
-from qnn_prepare.task import LoadedModel, export_program
+from qnn_prepare.task import LoadedModel
 from qnn_quant.engine import quantize_program
 from qnn_quant.layers import layer_recipe_record, module_path
+from support.tiny_llama import tiny_llama_program
 
 HTP = Target(Backend.QNN, lookup_soc("SM8650"))
 DOWN_0 = "hf.model.layers.0.mlp.down_proj"
@@ -33,8 +32,7 @@ _WEIGHT_OPS = (torch.ops.aten.linear.default, torch.ops.aten.conv2d.default)
 def tiny_llama(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> tuple[LoadedModel, torch.export.ExportedProgram]:
-    model = load_model(str(save_tiny_llama(tmp_path_factory.mktemp("llama"))), seq_len=16)
-    return model, export_program(model)
+    return tiny_llama_program(tmp_path_factory.mktemp("llama"))
 
 
 def _weights(program: torch.export.ExportedProgram) -> dict[str, tuple[str, int | None]]:

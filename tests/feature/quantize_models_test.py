@@ -15,12 +15,12 @@ from qnn_common.target import Target
 from qnn_common.weight_groups import GroupMapping
 from qnn_prepare.calibration import make_calibration, random_samples, tokenize_like
 from qnn_prepare.causal_lm.task import LogitsLm
-from qnn_prepare.causal_lm.tiny_decoders import save_tiny_llama
 from qnn_prepare.models import load_model
 from qnn_prepare.task import LoadedModel, export_program
 from qnn_quant.engine import quantize_program
 from qnn_quant.quantized_ops import quantized_op_count
 from qnn_quant.quantizers.xnnpack import _float_scalars_to_attrs
+from support.tiny_llama import tiny_llama_program
 
 # Not among the built-in calibration sentences.
 HELD_OUT = (
@@ -56,8 +56,7 @@ def cnn() -> tuple[LoadedModel, torch.export.ExportedProgram]:
 def tiny_llama(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> tuple[LoadedModel, torch.export.ExportedProgram]:
-    model = load_model(str(save_tiny_llama(tmp_path_factory.mktemp("llama"))), seq_len=16)
-    return model, export_program(model)
+    return tiny_llama_program(tmp_path_factory.mktemp("llama"))
 
 
 def test_tiny_cnn_xnnpack_saves_loads_and_lowers(

@@ -13,10 +13,9 @@ from torch import nn
 from qnn_common.config import QuantizeConfig
 from qnn_common.errors import ConfigValidationError
 from qnn_common.metrics import sqnr_db
-from qnn_common.recipes import Backend, Recipe
+from qnn_common.recipes import Recipe
 from qnn_common.weight_groups import EmbeddingWeights
-from qnn_quant.calibration import program_calibration
-from qnn_quant.engine import quantize_methods
+from qnn_quant.engine import quantize_one
 from qnn_quant.intx import IntxResult
 
 VOCAB, WIDTH = 300, 64
@@ -44,7 +43,9 @@ def _quantize(
     model = _TiedLm().eval()
     ids = torch.randint(0, VOCAB, (1, 24))
     ep = torch.export.export(model, (ids,))
-    program, result = _8da4w(ep, embedding_weights=weights)
+    program, result = quantize_one(
+        ep, QuantizeConfig(recipe=Recipe.A8DW4, embedding_weights=weights), [])
+    assert isinstance(result, IntxResult)
     with torch.no_grad():
         return program, model(ids), program.module()(ids), result.embeddings
 
@@ -120,14 +121,3 @@ def test_embedding_weights_belong_to_8da4w() -> None:
         QuantizeConfig(recipe=Recipe.A8W8, embedding_weights=EmbeddingWeights.FLOAT)
     with pytest.raises(ConfigValidationError, match="quantize.embedding_weights"):
         QuantizeConfig(recipe=Recipe.A8DW4, embedding_weights=cast(Any, "2w"))
-
-
-def _8da4w(ep: torch.export.ExportedProgram, **options: Any) -> tuple[
-    torch.export.ExportedProgram, IntxResult
-]:
-    """`ep` through the engine at 8da4w on XNNPACK (`options`: QuantizeConfig's), and the
-    transform's record."""
-    cfg = QuantizeConfig(backend=Backend.XNNPACK, recipe=Recipe.A8DW4, **options)
-    quantized, record = quantize_methods({"forward": ep}, cfg, program_calibration(ep, []))
-    assert isinstance(record, IntxResult)
-    return quantized["forward"], record

@@ -86,11 +86,21 @@ def quantize_program(
         group_size=group_size, group_mapping=group_mapping, int8_weights=_tuple(int8_weights),
         embedding_weights=embedding_weights, layer_recipes=tuple(layer_recipes),
     )
-    quantized, _ = quantize_methods(
+    program, _ = quantize_one(ep, cfg, calibration, progress=progress)
+    return program
+
+
+def quantize_one(
+    ep: ExportedProgram, cfg: QuantizeConfig,
+    calibration: Sequence[tuple[torch.Tensor, ...] | ModelInputs], *, progress: bool = True,
+) -> tuple[ExportedProgram, WeightsRecord]:
+    """One program quantized at `cfg`, calibrated on `calibration` (none for 8da4w): the engine
+    over a dict of one; the program, and what rounded its weights."""
+    quantized, record = quantize_methods(
         {"forward": ep}, cfg, program_calibration(ep, calibration, progress=progress),
         progress=progress,
     )
-    return quantized["forward"]
+    return quantized["forward"], record
 
 
 def _tuple(patterns: Sequence[str] | None) -> tuple[str, ...] | None:

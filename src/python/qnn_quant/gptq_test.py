@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
-
 import pytest
 import torch
 from torch.export import ExportedProgram
@@ -14,10 +11,8 @@ from qnn_common.errors import ConfigValidationError
 from qnn_common.recipes import Backend, Recipe, WeightRounding
 from qnn_common.soc import lookup_soc
 from qnn_common.target import Target
-from qnn_quant.calibration import program_calibration
-from qnn_quant.engine import quantize_methods
+from qnn_quant.engine import quantize_one
 from qnn_quant.gptq import GptqResult, gptq, round_weights
-from qnn_quant.handlers import WeightsRecord
 from qnn_testing.rounding import each_rounding, held_out_sqnr, low_rank_batches
 
 HTP = Target(Backend.QNN, lookup_soc("SM8650"))
@@ -71,8 +66,9 @@ def test_gptq_through_pt2e_keeps_its_scales_and_beats_nearest() -> None:
     samples = low_rank_batches()
     fp32 = torch.export.export(_Mlp().eval(), samples[0], strict=False)
     # The caller's weights are kept (GPTQ once rounded them in place, and the reference with them).
-    programs, results = each_rounding(fp32, lambda rounding: _with_record(
-        fp32, samples[:8], recipe=Recipe.A16W4, weight_rounding=rounding))
+    programs, results = each_rounding(fp32, lambda rounding: quantize_one(
+        fp32, QuantizeConfig(backend=Backend.QNN, soc="SM8650", recipe=Recipe.A16W4,
+                             weight_rounding=rounding), samples[:8], progress=False))
     result = results[WeightRounding.GPTQ]
     assert isinstance(result, GptqResult) and results[WeightRounding.NEAREST] is None
     assert sorted(result.scales) == ["fc1.weight", "fc2.weight"] and result.mean_gain_db > 1
@@ -131,13 +127,3 @@ def test_one_pass_hessians_round_the_first_layer_alike_and_still_beat_nearest() 
     assert torch.equal(rounded[True]["fc1.weight"], rounded[False]["fc1.weight"])
     assert sorted(results[False].scales) == ["fc1.weight", "fc2.weight"]
     assert results[False].mean_gain_db > 1
-
-
-def _with_record(
-    ep: torch.export.ExportedProgram, samples: Sequence[tuple[torch.Tensor, ...]], **options: Any
-) -> tuple[torch.export.ExportedProgram, WeightsRecord]:
-    """`ep` through the engine for the HTP (`options`: QuantizeConfig's), and GPTQ's record."""
-    cfg = QuantizeConfig(backend=Backend.QNN, soc="SM8650", **options)
-    quantized, record = quantize_methods(
-        {"forward": ep}, cfg, program_calibration(ep, samples, progress=False), progress=False)
-    return quantized["forward"], record

@@ -15,8 +15,7 @@ from qnn_common.errors import ConfigValidationError
 from qnn_common.metrics import sqnr_db
 from qnn_common.recipes import Backend, Recipe
 from qnn_common.weight_groups import GroupMapping, default_group_mapping
-from qnn_quant.calibration import program_calibration
-from qnn_quant.engine import quantize_methods
+from qnn_quant.engine import quantize_one
 from qnn_quant.intx import IntxResult, split_asymmetric
 from qnn_quant.report import accuracy_report
 
@@ -58,7 +57,9 @@ def _quantize(mapping: GroupMapping, int8_weights: tuple[str, ...] | None = None
     model = _Decoderish().eval()
     x = torch.randn(2, 7, 64)
     ep = torch.export.export(model, (x,))
-    program, result = _8da4w(ep, group_mapping=mapping, int8_weights=int8_weights)
+    program, result = quantize_one(ep, QuantizeConfig(
+        recipe=Recipe.A8DW4, group_mapping=mapping, int8_weights=int8_weights), [])
+    assert isinstance(result, IntxResult)
     with torch.no_grad():
         return program, model(x), program.module()(x), result.to_json()
 
@@ -152,7 +153,9 @@ def test_linears_that_read_one_input_share_its_group_sums() -> None:
     torch.manual_seed(0)
     model = _SharedInput().eval()
     x = torch.randn(3, 64)
-    program, result = _8da4w(torch.export.export(model, (x,)))
+    program, result = quantize_one(
+        torch.export.export(model, (x,)), QuantizeConfig(recipe=Recipe.A8DW4), [])
+    assert isinstance(result, IntxResult)
     # Fused (qnn_quant.fused_linears): 1 GEMM, 1 group sum, 1 offset, sliced 3 ways; each 0/1
     # matrix read by one node only (a constant read by several would be copied per partition by
     # ExecuTorch).
@@ -188,7 +191,8 @@ def test_the_layer_report_reads_a_split_linear_after_its_offset_path() -> None:
     model = _Decoderish().eval()
     samples = [(torch.randn(2, 7, 64),) for _ in range(2)]
     fp32 = torch.export.export(model, samples[0])
-    program, _ = _8da4w(fp32, group_mapping=GroupMapping.ASYMMETRIC)
+    program, _ = quantize_one(
+        fp32, QuantizeConfig(recipe=Recipe.A8DW4, group_mapping=GroupMapping.ASYMMETRIC), [])
     layers = {w["layer"]: w for w in accuracy_report(fp32, program, samples)["worst_layers"]}
     assert layers["up"]["op"] == "linear"
     assert float(layers["up"]["sqnr_db"]) >= 30, layers["up"]
@@ -230,14 +234,3 @@ def test_weights_on_a_q4_1_grid_cost_nothing_with_asymmetric_groups() -> None:
         weights_only = gm(x)
     exact = sqnr_db(reference, weights_only)
     assert exact > 90 and sqnr_db(reference, fake_quant) < exact - 30
-
-
-def _8da4w(ep: torch.export.ExportedProgram, **options: Any) -> tuple[
-    torch.export.ExportedProgram, IntxResult
-]:
-    """`ep` through the engine at 8da4w on XNNPACK (`options`: QuantizeConfig's), and the
-    transform's record."""
-    cfg = QuantizeConfig(backend=Backend.XNNPACK, recipe=Recipe.A8DW4, **options)
-    quantized, record = quantize_methods({"forward": ep}, cfg, program_calibration(ep, []))
-    assert isinstance(record, IntxResult)
-    return quantized["forward"], record

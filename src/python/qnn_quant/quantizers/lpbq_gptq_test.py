@@ -3,9 +3,6 @@ quantizer (blocked 1x1 convolutions, LPBQ observers, convert)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
-
 import pytest
 import torch
 
@@ -14,10 +11,8 @@ from qnn_common.recipes import Backend, Recipe, WeightRounding
 from qnn_common.soc import lookup_soc
 from qnn_common.target import Target
 from qnn_common.weight_groups import GroupMapping
-from qnn_quant.calibration import program_calibration
-from qnn_quant.engine import quantize_methods
+from qnn_quant.engine import quantize_one
 from qnn_quant.gptq import GptqResult, gptq, nearest
-from qnn_quant.handlers import WeightsRecord
 from qnn_quant.quantizers.lpbq_observer import lpbq_scales
 from qnn_testing.rounding import each_rounding, held_out_sqnr, low_rank_batches
 
@@ -78,9 +73,10 @@ def test_gptq_through_pt2e_keeps_lpbq_s_scales_and_beats_nearest(mapping: GroupM
     fp32 = torch.export.export(_Mlp().eval(), samples[0], strict=False)
     # The caller's weights are kept: a 1x1 convolution's weight is a view of its linear's, and
     # rounding in place once rounded the reference too.
-    programs, results = each_rounding(fp32, lambda rounding: _with_record(
-        fp32, samples[:8], recipe=Recipe.A16W4_BLOCK, weight_rounding=rounding,
-        block_size=BLOCK, group_mapping=mapping, keep_float=()))
+    programs, results = each_rounding(fp32, lambda rounding: quantize_one(
+        fp32, QuantizeConfig(backend=Backend.QNN, soc="SM8650", recipe=Recipe.A16W4_BLOCK,
+                             weight_rounding=rounding, block_size=BLOCK, group_mapping=mapping,
+                             keep_float=()), samples[:8], progress=False))
     result = results[WeightRounding.GPTQ]
     assert isinstance(result, GptqResult) and results[WeightRounding.NEAREST] is None
     assert len(result.scales) == 2 and result.mean_gain_db > 1  # the two blocked weights
@@ -99,13 +95,3 @@ def test_gptq_through_pt2e_keeps_lpbq_s_scales_and_beats_nearest(mapping: GroupM
 
 if __name__ == "__main__":
     pytest.main([__file__])
-
-
-def _with_record(
-    ep: torch.export.ExportedProgram, samples: Sequence[tuple[torch.Tensor, ...]], **options: Any
-) -> tuple[torch.export.ExportedProgram, WeightsRecord]:
-    """`ep` through the engine for the HTP (`options`: QuantizeConfig's), and GPTQ's record."""
-    cfg = QuantizeConfig(backend=Backend.QNN, soc="SM8650", **options)
-    quantized, record = quantize_methods(
-        {"forward": ep}, cfg, program_calibration(ep, samples, progress=False), progress=False)
-    return quantized["forward"], record
