@@ -21,7 +21,6 @@ from qnn_common.config import InferConfig
 from qnn_common.errors import ArtifactError, ConfigValidationError
 from qnn_common.llm import GenerationConfig
 from qnn_common.sealing import load_manifest, write_manifest
-from qnn_common.stages import InferInput
 from qnn_common.store.artifact_dir import check_output_dir
 from qnn_infer import cli as infer_cli
 from qnn_infer.api import infer_cache_key
@@ -80,7 +79,7 @@ def test_greedy_decoding_is_not_keyed_on_the_sampler(tmp_path: Path) -> None:
 
     def key(**generation: Any) -> str:
         config = InferConfig(generation=GenerationConfig(**generation))
-        return infer_cache_key(InferInput(pte, config, tmp_path / "out"))
+        return infer_cache_key(config, pte)
 
     assert key(seed=1) == key(seed=2) == key(seed=2, top_k=5, top_p=0.5) == key()
     assert key(temperature=0.8, seed=1) != key(temperature=0.8, seed=2)

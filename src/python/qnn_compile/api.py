@@ -62,24 +62,26 @@ def _toolchain_digests(cfg: CompileConfig) -> dict[str, str]:
     return {"qnn_sdk": f"{sdk.qnn_version}|{sdk.build_id}|bridged={sdk.bridged}"}
 
 
-def _input_digests(inp: CompileInput) -> dict[str, str]:
+def _input_digests(config: CompileConfig, source: Path) -> dict[str, str]:
     """What the cache key and the sealed manifest's inputs cover, one rule for both: the
     upstream manifest's identity digest (read from its manifest, whose own digest is checked;
     its files are verified when the stage runs, not to compute a key), or a bare .pt2's sha256;
     plus the toolchain's."""
-    if inp.source.is_dir():
+    if source.is_dir():
         stage = load_manifest(
-            inp.source, expect_stage=(Stage.PREPARE, Stage.QUANTIZE), verify=False
+            source, expect_stage=(Stage.PREPARE, Stage.QUANTIZE), verify=False
         ).stage
-        digests = {stage: manifest_digest(inp.source)}
+        digests = {stage: manifest_digest(source)}
     else:
-        digests = {"program": sha256_file(inp.source)}
-    return {**digests, **_toolchain_digests(inp.config)}
+        digests = {"program": sha256_file(source)}
+    return {**digests, **_toolchain_digests(config)}
 
 
-def compile_cache_key(inp: CompileInput) -> str:
-    """The cache key of `inp`'s artifact; reads only the source's manifest (or hashes a .pt2)."""
-    return cache_key(Stage.COMPILE, inp.config, _input_digests(inp), code_version(qnn_compile))
+def compile_cache_key(config: CompileConfig, source: Path) -> str:
+    """The cache key of the artifact compiling `source` at `config`; reads only the source's
+    manifest (or hashes a .pt2)."""
+    return cache_key(Stage.COMPILE, config, _input_digests(config, source),
+                     code_version(qnn_compile))
 
 
 def _check_shards(source: Path, cfg: CompileConfig, upstream: Manifest | None) -> int | None:
@@ -131,7 +133,7 @@ def run_compile(inp: CompileInput) -> CompileOutput:
     # The backend's lowering is built before any output is written: a missing SDK or an unknown
     # chipset is a clear error with nothing left behind.
     lowering = lowering_for(cfg)
-    digests = _input_digests(inp)
+    digests = _input_digests(inp.config, inp.source)
     programs = load_methods(program_paths, inp.programs)
     shards = None
     if layers is not None:  # sharded: how many contexts, from the program, before lowering

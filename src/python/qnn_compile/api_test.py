@@ -10,7 +10,7 @@ from qnn_common.config import CompileConfig, Stage
 from qnn_common.errors import ArtifactError
 from qnn_common.manifest import ProgramRecord
 from qnn_common.sealing import write_manifest
-from qnn_common.stages import PROGRAM, CompileInput
+from qnn_common.stages import PROGRAM
 from qnn_common.store.hashing import clear_digest_memo, hashed_count
 from qnn_compile.api import compile_cache_key
 
@@ -28,13 +28,13 @@ def test_key_reads_the_manifest_not_the_files(tmp_path: Path) -> None:
     source = _prepared(tmp_path / "prep", b"p" * (1 << 20))
     clear_digest_memo()
     before = hashed_count()
-    key = compile_cache_key(CompileInput(source, CompileConfig(), tmp_path / "out"))
+    key = compile_cache_key(CompileConfig(), source)
     assert hashed_count() == before  # nothing read but manifest.json
     other = _prepared(tmp_path / "prep2", b"q" * (1 << 20))
-    assert compile_cache_key(CompileInput(other, CompileConfig(), tmp_path / "out")) != key
+    assert compile_cache_key(CompileConfig(), other) != key
 
 
 def test_key_still_checks_the_upstream_stage(tmp_path: Path) -> None:
     source = _prepared(tmp_path / "inf", b"p", stage=Stage.INFER)
     with pytest.raises(ArtifactError, match="expected prepare or quantize"):
-        compile_cache_key(CompileInput(source, CompileConfig(), tmp_path / "out"))
+        compile_cache_key(CompileConfig(), source)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import qnn_infer
 from qnn_common.cache_keys import cache_key, code_version
-from qnn_common.config import Stage
+from qnn_common.config import InferConfig, Stage
 from qnn_common.sealing import load_manifest
 from qnn_common.stages import PTE, InferInput, InferOutput
 from qnn_infer.device import check_device_ready
@@ -12,8 +14,10 @@ from qnn_infer.families import family_for
 from qnn_infer.sealing import input_digests
 
 
-def infer_cache_key(inp: InferInput) -> str:
-    return cache_key(Stage.INFER, inp.config, input_digests(inp), code_version(qnn_infer))
+def infer_cache_key(config: InferConfig, source: Path) -> str:
+    """The cache key of the artifact running `source` at `config`."""
+    return cache_key(Stage.INFER, config, input_digests(config, source),
+                     code_version(qnn_infer))
 
 
 def run_infer(inp: InferInput) -> InferOutput:

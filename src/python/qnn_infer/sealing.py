@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import qnn_infer
-from qnn_common.config import Stage
+from qnn_common.config import InferConfig, Stage
 from qnn_common.manifest import Manifest, ProgramRecord
 from qnn_common.sealing import manifest_digest, seal_stage
 from qnn_common.stages import InferInput
@@ -17,14 +17,14 @@ from qnn_common.store.hashing import sha256_file
 PACKAGE = "qnn-infer"
 
 
-def input_digests(inp: InferInput) -> dict[str, str]:
+def input_digests(config: InferConfig, source: Path) -> dict[str, str]:
     """The compile artifact's identity digest (or a bare .pte's sha256), and the inputs file's."""
-    if inp.source.is_dir():
-        digests = {"compile": manifest_digest(inp.source)}
+    if source.is_dir():
+        digests = {"compile": manifest_digest(source)}
     else:
-        digests = {"pte": sha256_file(inp.source)}
-    if inp.config.inputs_file is not None:
-        digests["inputs_file"] = sha256_file(inp.config.inputs_file)
+        digests = {"pte": sha256_file(source)}
+    if config.inputs_file is not None:
+        digests["inputs_file"] = sha256_file(config.inputs_file)
     return digests
 
 
@@ -41,6 +41,6 @@ def seal(
     """Seal the infer artifact being written in `out`."""
     return seal_stage(
         out, stage=Stage.INFER, package=PACKAGE, module=qnn_infer, config=inp.config,
-        inputs=input_digests(inp), files=files, timings=timings, metrics=metrics,
+        inputs=input_digests(inp.config, inp.source), files=files, timings=timings, metrics=metrics,
         extra_tools=extra_tools, program=program,
     )

@@ -106,27 +106,19 @@ class _Sealed(Protocol):
 
 @dataclass(frozen=True)
 class StageRunner(Generic[StageIn]):
-    """How the orchestrator drives one stage, typed by that stage's input: build the input from
-    the run's context, the upstream artifact (None at the start) and the output directory; key
-    it; run it. The key does not depend on the output directory (which is named after the key),
-    so it is computed on the input for `KEY_ONLY`."""
+    """How the orchestrator drives one stage, typed by that stage's input: its cache key from
+    the run's context and the upstream artifact (None at the start), which names the output
+    directory; the input from those and that directory; the run."""
 
+    key: Callable[[PipelineContext, Artifact | None], str]
     make_input: Callable[[PipelineContext, Artifact | None, Path], StageIn]
-    cache_key: Callable[[StageIn], str]
     run: Callable[[StageIn], _Sealed]
-
-    def key(self, ctx: PipelineContext, source: Artifact | None) -> str:
-        return self.cache_key(self.make_input(ctx, source, KEY_ONLY))
 
     def run_into(self, ctx: PipelineContext, source: Artifact | None, out_dir: Path) -> Artifact:
         output = self.run(self.make_input(ctx, source, out_dir))
         programs = output.programs if isinstance(output, PrepareOutput | QuantizeOutput) else {}
         pte_sha256 = output.pte_sha256 if isinstance(output, CompileOutput) else None
         return Artifact(out_dir, output.manifest, programs, pte_sha256)
-
-
-# The output directory of an input built only for its cache key: never written.
-KEY_ONLY = Path()
 
 
 def _need(source: Artifact | None, stage: Stage) -> Artifact:
@@ -144,8 +136,8 @@ def _quantize_config(ctx: PipelineContext) -> QuantizeConfig:
 
 
 _PREPARE = StageRunner[PrepareInput](
+    lambda ctx, src: prepare_cache_key(ctx.prepare),
     lambda ctx, src, out: PrepareInput(ctx.prepare, out),
-    lambda inp: prepare_cache_key(inp.config),
     run_prepare,
 )
 def _quantize_input(ctx: PipelineContext, source: Artifact | None, out: Path) -> QuantizeInput:
@@ -162,13 +154,13 @@ def _compile_input(ctx: PipelineContext, source: Artifact | None, out: Path) -> 
 
 
 _QUANTIZE = StageRunner[QuantizeInput](
+    lambda ctx, src: quantize_cache_key(_quantize_config(ctx), _need(src, Stage.QUANTIZE).path),
     _quantize_input,
-    quantize_cache_key,
     run_quantize,
 )
 _COMPILE = StageRunner[CompileInput](
+    lambda ctx, src: compile_cache_key(ctx.compile, _need(src, Stage.COMPILE).path),
     _compile_input,
-    compile_cache_key,
     run_compile,
 )
 def _infer_input(ctx: PipelineContext, source: Artifact | None, out: Path) -> InferInput:
@@ -177,8 +169,8 @@ def _infer_input(ctx: PipelineContext, source: Artifact | None, out: Path) -> In
 
 
 _INFER = StageRunner[InferInput](
+    lambda ctx, src: infer_cache_key(ctx.infer, _need(src, Stage.INFER).path),
     _infer_input,
-    infer_cache_key,
     run_infer,
 )
 _RUNNERS: dict[Stage, StageRunner[Any]] = {

@@ -153,8 +153,11 @@ def _stand_in(stage: Stage, ran: list[tuple[Stage, str | None]]) -> StageRunner[
     def make_input(ctx: PipelineContext, source: Artifact | None, out: Path) -> Any:
         return (None if source is None else source.path.name, out)
 
-    def key(inp: Any) -> str:
-        return cache_key(stage, {"upstream": inp[0]}, {}, "0")
+    def key_of(upstream: str | None) -> str:
+        return cache_key(stage, {"upstream": upstream}, {}, "0")
+
+    def key(ctx: PipelineContext, source: Artifact | None) -> str:
+        return key_of(None if source is None else source.path.name)
 
     def run(inp: Any) -> _Sealed:
         upstream, out = inp
@@ -163,9 +166,9 @@ def _stand_in(stage: Stage, ran: list[tuple[Stage, str | None]]) -> StageRunner[
         (out / "x.bin").write_bytes(stage.value.encode())
         return _Sealed(write_manifest(out, stage=stage, package="t", package_version="0",
                                       config={"upstream": upstream}, inputs={}, files=["x.bin"],
-                                      cache_key=key(inp)))
+                                      cache_key=key_of(upstream)))
 
-    return StageRunner(make_input, key, run)
+    return StageRunner(key, make_input, run)
 
 
 def test_run_pipeline_drives_stand_in_stages_in_order_and_caches_them(

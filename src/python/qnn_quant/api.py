@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import qnn_quant
@@ -27,9 +28,10 @@ from qnn_quant.quantized_ops import dynamic_op_count, quantized_op_count, quanti
 PACKAGE = "qnn-quant"
 
 
-def quantize_cache_key(inp: QuantizeInput) -> str:
-    """The cache key of `inp`'s artifact; needs only the source's manifest."""
-    return cache_key(Stage.QUANTIZE, inp.config, {"prepare": manifest_digest(inp.source)},
+def quantize_cache_key(config: QuantizeConfig, source: Path) -> str:
+    """The cache key of the artifact quantizing `source` at `config`; needs only the source's
+    manifest."""
+    return cache_key(Stage.QUANTIZE, config, {"prepare": manifest_digest(source)},
                      code_version(qnn_quant))
 
 
