@@ -124,8 +124,8 @@ def test_inplace_model_keeps_its_inputs_and_infer_compares_user_outputs(
     prep = run_prepare(
         PrepareInput(PrepareConfig(model=f"{name}:make", eval_samples=2), tmp_path / "prep")
     )
-    eval_inputs = load_samples(prep.artifact_dir / EVAL_INPUTS)
-    references = load_samples(prep.artifact_dir / REFERENCE_FP32)
+    eval_inputs = load_samples(prep.path / EVAL_INPUTS)
+    references = load_samples(prep.path / REFERENCE_FP32)
     # The saved example is x itself, and its reference is f(x): not f(f(x)).
     torch.testing.assert_close(eval_inputs[0][0], x)
     torch.testing.assert_close(references[0][0], expected)
@@ -224,7 +224,7 @@ def test_calibration_follows_the_example_range(user_dir: Path, tmp_path: Path) -
     prep = run_prepare(
         PrepareInput(PrepareConfig(model=f"{name}:make", calibration_samples=8), tmp_path / "p")
     )
-    samples = load_samples(prep.artifact_dir / CALIBRATION)
+    samples = load_samples(prep.path / CALIBRATION)
     assert len(samples) == 8
     gen = torch.Generator().manual_seed(3)
     example = 2 + 96 * torch.rand(4, 32, generator=gen)
@@ -233,7 +233,7 @@ def test_calibration_follows_the_example_range(user_dir: Path, tmp_path: Path) -
     for (x,) in samples:
         assert low <= float(x.min()) and float(x.max()) <= high
     assert len({x.sum().item() for (x,) in samples}) > 1  # variations, not copies
-    info = prep.manifest.metrics["calibration"]
+    info = prep.sealed.metrics["calibration"]
     assert info["source"] == "example-range" and info["samples"] == 8
     assert info["inputs"] == [
         {"input": "input_0", "dtype": "float32", "min": pytest.approx(low),
@@ -250,11 +250,11 @@ def test_calibration_follows_the_example_range(user_dir: Path, tmp_path: Path) -
             tmp_path / "p-noise",
         )
     )
-    assert noisy.manifest.metrics["calibration"]["source"] == "file"
+    assert noisy.sealed.metrics["calibration"]["source"] == "file"
     sqnr = {
         label: run_quantize(
-            QuantizeInput(p.artifact_dir, QuantizeConfig(report_layers=0), tmp_path / f"q-{label}")
-        ).manifest.metrics["accuracy"]["vs_fp32"]["sqnr_db"]
+            QuantizeInput(p, QuantizeConfig(report_layers=0), tmp_path / f"q-{label}")
+        ).sealed.metrics["accuracy"]["vs_fp32"]["sqnr_db"]
         for label, p in (("example", prep), ("noise", noisy))
     }
     print(f"8a8w SQNR vs fp32: example-range {sqnr['example']:.1f} dB, "

@@ -351,7 +351,7 @@ def test_tokenizer_and_chat_template_travel_with_the_artifact(tmp_path: Path) ->
         PrepareConfig(model=str(directory), kv_cache=True, calibration_samples=1, eval_samples=1,
                       max_seq_len=SHAPES["max_seq_len"], prefill_len=SHAPES["prefill_len"]),
         tmp_path / "prepare",
-    )).artifact_dir
+    )).path
     spec = llm_spec_of(prepared, load_manifest(prepared, expect_stage=Stage.PREPARE))
     assert spec is not None and spec.stop_token_ids == (256,)
     carried = load_tokenizer(prepared)

@@ -87,7 +87,7 @@ def test_tokenizer_and_chat_template_work_through_the_artifact(
         PrepareConfig(model=str(sliced), kv_cache=True, calibration_samples=1, eval_samples=1,
                       max_seq_len=64, prefill_len=16),
         tmp_path / "prepare",
-    )).artifact_dir
+    )).path
     spec = llm_spec_of(prepared, load_manifest(prepared, expect_stage=Stage.PREPARE))
     assert spec is not None and IM_END in spec.stop_token_ids  # generation stops at <|im_end|>
     tokenizer = load_tokenizer(prepared)
@@ -113,7 +113,7 @@ def test_kv_io_export_opens_on_the_attention_sink(
 
     config = PrepareConfig(model=str(sliced), kv_cache=True, kv_io=True, calibration_samples=2,
                            eval_samples=1, max_seq_len=64, prefill_len=16)
-    prepared = run_prepare(PrepareInput(config, tmp_path / "sink")).artifact_dir
+    prepared = run_prepare(PrepareInput(config, tmp_path / "sink")).path
     manifest = load_manifest(prepared, expect_stage=Stage.PREPARE)
     spec = llm_spec_of(prepared, manifest)
     assert spec is not None and spec.sink_token_id == IM_START and spec.context == 63
@@ -136,7 +136,7 @@ def test_kv_io_export_opens_on_the_attention_sink(
 
     off = run_prepare(PrepareInput(
         PrepareConfig(**{**config.__dict__, "attention_sink": False}), tmp_path / "off",
-    )).artifact_dir
+    )).path
     off_manifest = load_manifest(off, expect_stage=Stage.PREPARE)
     off_spec = llm_spec_of(off, off_manifest)
     assert off_spec is not None and off_spec.sink_token_id is None

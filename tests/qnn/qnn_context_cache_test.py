@@ -14,6 +14,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from qnn_common.artifact import Artifact
 from qnn_common.cli.child_env import python_child_env
 from qnn_common.config import CompileConfig, Stage
 from qnn_common.recipes import Backend, Recipe
@@ -97,10 +98,10 @@ def test_a_compile_killed_after_its_first_context_resumes_there(
     assert 1 <= stored < CONTEXTS
     assert not (out / PTE).exists()  # nothing sealed that a later run could trust
 
-    resumed = run_compile(CompileInput(prepared, CONFIG, out, context_cache=cache))
-    reused = [c["reused"] for c in _contexts(resumed.artifact_dir)]
+    resumed = run_compile(CompileInput(Artifact.open(prepared), CONFIG, out, context_cache=cache))
+    reused = [c["reused"] for c in _contexts(resumed.path)]
     assert reused == [True] * stored + [False] * (CONTEXTS - stored)
-    shards = resumed.manifest.metrics["shards"]["shards"]
+    shards = resumed.sealed.metrics["shards"]["shards"]
     assert [s["reused"] for s in shards] == [all(reused[2 * i:2 * i + 2]) for i in range(SHARDS)]
     assert all(s["build_s"] > 0 for s in shards if not s["reused"])
 
@@ -110,9 +111,9 @@ def test_a_compile_killed_after_its_first_context_resumes_there(
     # The same program as a compile never interrupted: QNN numbers its tensors from a
     # per-process counter, so contexts built in other processes differ in those ids; what they
     # compute does not.
-    whole = run_compile(CompileInput(prepared, CONFIG, tmp_path / "whole"))
-    assert "contexts" not in whole.manifest.metrics  # no cache: nothing recorded
-    for a, b in zip(program_logits(out), program_logits(whole.artifact_dir), strict=True):
+    whole = run_compile(CompileInput(Artifact.open(prepared), CONFIG, tmp_path / "whole"))
+    assert "contexts" not in whole.sealed.metrics  # no cache: nothing recorded
+    for a, b in zip(program_logits(out), program_logits(whole.path), strict=True):
         assert torch.equal(a, b)
 
 
@@ -120,14 +121,16 @@ def test_a_model_changed_in_its_last_layer_rebuilds_only_the_last_shard(
     prepared: Path, tmp_path: Path
 ) -> None:
     cache = tmp_path / "contexts"
-    first = run_compile(CompileInput(prepared, CONFIG, tmp_path / "a", context_cache=cache))
-    assert [c["reused"] for c in _contexts(first.artifact_dir)] == [False] * CONTEXTS
+    first = run_compile(
+        CompileInput(Artifact.open(prepared), CONFIG, tmp_path / "a", context_cache=cache))
+    assert [c["reused"] for c in _contexts(first.path)] == [False] * CONTEXTS
 
     changed = _prepared(_decoder(tmp_path / "model-b", last_layer_seed=7), tmp_path / "run-b")
-    second = run_compile(CompileInput(changed, CONFIG, tmp_path / "b", context_cache=cache))
-    assert [c["reused"] for c in _contexts(second.artifact_dir)] == [True] * 4 + [False] * 2
-    first_keys = [c["key"] for c in _contexts(first.artifact_dir)]
-    assert [c["key"] for c in _contexts(second.artifact_dir)][:4] == first_keys[:4]
+    second = run_compile(
+        CompileInput(Artifact.open(changed), CONFIG, tmp_path / "b", context_cache=cache))
+    assert [c["reused"] for c in _contexts(second.path)] == [True] * 4 + [False] * 2
+    first_keys = [c["key"] for c in _contexts(first.path)]
+    assert [c["key"] for c in _contexts(second.path)][:4] == first_keys[:4]
 
 
 def test_the_pipeline_keeps_its_contexts_under_its_output_directory(tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from qnn_common.artifact import Artifact
 from qnn_common.config import InferConfig, QuantizeConfig, Stage
 from qnn_common.errors import ConfigValidationError
 from qnn_common.layer_recipes import LayerRecipe
@@ -137,7 +138,7 @@ def test_weight_sharing_stores_the_weights_once_for_a_device_and_the_emulator_is
     assert manifest.metrics["target"]["weight_sharing"] is True
     assert manifest.program is not None and manifest.program.methods == ("prefill", "decode")
     with pytest.raises(ConfigValidationError, match="only a device loads"):
-        run_infer(InferInput(shared, InferConfig(), out / "infer-shared"))
+        run_infer(InferInput(Artifact.open(shared), InferConfig(), out / "infer-shared"))
     assert not (out / "infer-shared").exists()  # refused before anything was written
 
 
@@ -212,11 +213,11 @@ def test_16a8w_keeps_argmax_agreement_with_eager(out: Path) -> None:
     summary = _run(out, "fp16", stop_after=Stage.PREPARE)
     (entry,) = (s for s in summary["stages"] if s["name"] == "prepare")
     result = run_quantize(QuantizeInput(
-        Path(entry["artifact"]),
+        Artifact.open(Path(entry["artifact"])),
         QuantizeConfig(backend=Backend.QNN, soc="SM8650", recipe=Recipe.A16W8),
         out / "q16a8w",
     ))
-    accuracy = result.manifest.metrics["accuracy"]["vs_fp32"]
+    accuracy = result.sealed.metrics["accuracy"]["vs_fp32"]
     assert accuracy["argmax_agreement"] >= 0.9
 
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from qnn_common.artifact import Artifact
 from qnn_common.config import InferConfig
 from qnn_common.errors import ArtifactError, ConfigValidationError
 from qnn_common.llm import GenerationConfig
@@ -79,7 +80,7 @@ def test_greedy_decoding_is_not_keyed_on_the_sampler(tmp_path: Path) -> None:
 
     def key(**generation: Any) -> str:
         config = InferConfig(generation=GenerationConfig(**generation))
-        return infer_cache_key(config, pte)
+        return infer_cache_key(config, Artifact.open(pte))
 
     assert key(seed=1) == key(seed=2) == key(seed=2, top_k=5, top_p=0.5) == key()
     assert key(temperature=0.8, seed=1) != key(temperature=0.8, seed=2)

@@ -11,6 +11,7 @@ Issue 49: one flipped byte in a planned buffer's size made the rehearsal child a
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -23,6 +24,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from qnn_common.artifact import Artifact
 from qnn_common.config import InferConfig
 from qnn_common.stages import PTE, InferInput
 from qnn_compile.cli import main as compile_main
@@ -137,14 +139,17 @@ def test_only_a_program_this_process_did_not_compile_is_rehearsed(
     compiled: Path, tmp_path: Path, rehearsals: list[Path]
 ) -> None:
     config = InferConfig(warmup=0, runs=1)
-    first = run_infer(InferInput(compiled, config, tmp_path / "a"))
+    source = Artifact.open(compiled)
+    first = run_infer(InferInput(source, config, tmp_path / "a"))
     assert rehearsals == [compiled / PTE]  # compiled by "someone else": rehearsed, and ran
     digest = hashlib.sha256((compiled / PTE).read_bytes()).hexdigest()
-    again = run_infer(InferInput(compiled, config, tmp_path / "b", compiled_here=digest))
+    handed_on = dataclasses.replace(source, pte_sha256=digest)
+    again = run_infer(InferInput(handed_on, config, tmp_path / "b"))
     assert rehearsals == [compiled / PTE]  # handed on by its compile: in-process directly
-    assert first.accuracy == again.accuracy
+    assert first.metrics("accuracy") == again.metrics("accuracy")
     # A digest that is not the file's (it was swapped since): rehearsed.
-    run_infer(InferInput(compiled, config, tmp_path / "c", compiled_here="0" * 64))
+    swapped = dataclasses.replace(source, pte_sha256="0" * 64)
+    run_infer(InferInput(swapped, config, tmp_path / "c"))
     assert rehearsals == [compiled / PTE] * 2
 
 

@@ -13,6 +13,7 @@ import sys
 import pytest
 
 from qnn_common import (
+    artifact,
     config,
     errors,
     gates,
@@ -29,7 +30,7 @@ from qnn_common import (
 
 CONTRACTS = tuple(
     m.__name__ for m in (errors, soc, recipes, weight_groups, layer_recipes, target, gates,
-                         manifest, llm_spec, config, reports)
+                         manifest, llm_spec, config, reports, artifact)
 )
 HEAVY = ("torch", "numpy", "executorch", "torchao", "transformers", "onnxruntime")
 

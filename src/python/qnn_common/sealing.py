@@ -155,6 +155,19 @@ def manifest_digest(artifact_dir: Path) -> str:
     return load_manifest(artifact_dir, verify=False).identity_digest()
 
 
+def check_stage(
+    artifact_dir: Path, manifest: Manifest, expect_stage: str | Sequence[str]
+) -> Manifest:
+    """`manifest` (of the artifact at `artifact_dir`) if its stage is `expect_stage` (or one of
+    them); else the ArtifactError saying what it is."""
+    wanted = (expect_stage,) if isinstance(expect_stage, str) else tuple(expect_stage)
+    if manifest.stage not in wanted:
+        raise ArtifactError(
+            artifact_dir, f"is a {manifest.stage} artifact; expected {' or '.join(wanted)}",
+        )
+    return manifest
+
+
 def load_manifest(
     artifact_dir: Path,
     *,
@@ -195,12 +208,7 @@ def load_manifest(
         ) from None
     manifest = parse_manifest(read_manifest_json(text, path), path)
     if expect_stage is not None:
-        wanted = (expect_stage,) if isinstance(expect_stage, str) else tuple(expect_stage)
-        if manifest.stage not in wanted:
-            raise ArtifactError(
-                artifact_dir,
-                f"is a {manifest.stage} artifact; expected {' or '.join(wanted)}",
-            )
+        check_stage(artifact_dir, manifest, expect_stage)
     if expect_cache_key is not None:
         _check_cache_key(path, manifest, expect_cache_key)
     if verify:

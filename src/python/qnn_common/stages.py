@@ -8,13 +8,12 @@ can judge a .pte against fp32 and fake-quant references without reaching back up
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 
+from qnn_common.artifact import Artifact
 from qnn_common.config import CompileConfig, InferConfig, PrepareConfig, QuantizeConfig
 from qnn_common.errors import ArtifactError, PipelineError
 from qnn_common.llm import LlmSpec, SinkTable
@@ -22,7 +21,6 @@ from qnn_common.manifest import Manifest, ProgramRecord
 from qnn_common.recipes import Recipe
 from qnn_common.store.atomic import atomic_copy
 from qnn_common.target import Target
-from qnn_common.torchio.programs import SavedProgram
 from qnn_common.torchio.samples import load_samples
 
 # File names inside artifact directories.
@@ -134,106 +132,39 @@ class PrepareInput:
     out_dir: Path
 
 
-# Programs by method name, as a stage saved them in this process (`programs.SavedProgram`): a
-# stage's output lists those the next stage may take in memory, and that stage's input receives
-# them; the next stage's `load_program` of the file then skips the rebuild. Empty when the source
-# was made elsewhere, or cached.
-Programs = Mapping[str, SavedProgram]
-
-
-@dataclass(frozen=True)
-class PrepareOutput:
-    artifact_dir: Path
-    manifest: Manifest
-    programs: Programs = field(default_factory=dict, repr=False)
-
-    @property
-    def program(self) -> Path:
-        return self.artifact_dir / PROGRAM
-
-
 @dataclass(frozen=True)
 class QuantizeInput:
-    source: Path  # a prepare artifact directory
+    source: Artifact  # a prepare artifact
     config: QuantizeConfig
     out_dir: Path
-    # The source's programs, when its stage ran in this process.
-    programs: Programs = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
-        _require(self.source, "the prepared artifact to quantize")
-
-
-@dataclass(frozen=True)
-class QuantizeOutput:
-    artifact_dir: Path
-    manifest: Manifest
-    programs: Programs = field(default_factory=dict, repr=False)
-
-    @property
-    def program(self) -> Path:
-        return self.artifact_dir / PROGRAM
-
-    @property
-    def accuracy(self) -> dict[str, Any]:
-        return dict(self.manifest.metrics.get("accuracy", {}))
+        _require(self.source.path, "the prepared artifact to quantize")
 
 
 @dataclass(frozen=True)
 class CompileInput:
-    source: Path  # a prepare / quantize artifact directory, or any .pt2 file
+    source: Artifact  # a prepare / quantize artifact, or any .pt2 file
     config: CompileConfig
     out_dir: Path
-    # The source's programs, when its stage ran in this process.
-    programs: Programs = field(default_factory=dict, repr=False)
     # Where payloads worth keeping across compiles live (QNN: each HTP context, stored as soon
     # as built, so a killed compile resumes and a partly changed program rebuilds only what
     # changed); None: built every time. Not part of the cache key: it changes no output.
     context_cache: Path | None = None
 
     def __post_init__(self) -> None:
-        _require(self.source, "the program to compile")
-
-
-@dataclass(frozen=True)
-class CompileOutput:
-    artifact_dir: Path
-    manifest: Manifest
-    # The sha256 of the .pte as this process's compile wrote it: handed to infer in the same run
-    # (`InferInput.compiled_here`), which then runs it in-process without a rehearsal.
-    pte_sha256: str | None = None
-
-    @property
-    def pte(self) -> Path:
-        return self.artifact_dir / PTE
+        _require(self.source.path, "the program to compile")
 
 
 @dataclass(frozen=True)
 class InferInput:
-    source: Path  # a compile artifact directory, or any .pte file
+    source: Artifact  # a compile artifact, or any .pte file (its `pte_sha256`, when this
+    # process's compile just wrote it, lets infer run it in-process without a rehearsal)
     config: InferConfig
     out_dir: Path
-    # The sha256 of the .pte as this process's compile wrote it (`CompileOutput.pte_sha256`),
-    # from a caller that holds that output; None: a program from disk, which infer rehearses in
-    # a child first (`qnn_infer.isolation`). Not part of the cache key: it changes no output.
-    compiled_here: str | None = None
 
     def __post_init__(self) -> None:
-        _require(self.source, "the program to run")
-
-
-@dataclass(frozen=True)
-class InferOutput:
-    artifact_dir: Path
-    manifest: Manifest
-
-    @property
-    def latency_ms(self) -> dict[str, float]:
-        return dict(self.manifest.metrics.get("latency_ms", {}))
-
-    @property
-    def accuracy(self) -> dict[str, Any]:
-        return dict(self.manifest.metrics.get("accuracy", {}))
+        _require(self.source.path, "the program to run")
 
 
 # --- typed accessors for facts that cross stages ------------------------------------------------

@@ -7,18 +7,15 @@ from pathlib import Path
 import pytest
 
 from qnn_common import stages
+from qnn_common.artifact import Artifact
 from qnn_common.config import CompileConfig, InferConfig, PrepareConfig, QuantizeConfig
 from qnn_common.errors import ArtifactError
 from qnn_common.manifest import Manifest
 from qnn_common.stages import (
     CompileInput,
-    CompileOutput,
     InferInput,
-    InferOutput,
     PrepareInput,
-    PrepareOutput,
     QuantizeInput,
-    QuantizeOutput,
 )
 
 
@@ -39,7 +36,7 @@ def _manifest(metrics: dict[str, object] | None = None) -> Manifest:
 def test_quantize_input_refuses_missing_source(tmp_path: Path) -> None:
     missing = tmp_path / "prepare"
     with pytest.raises(ArtifactError) as info:
-        QuantizeInput(source=missing, config=QuantizeConfig(), out_dir=tmp_path / "q")
+        QuantizeInput(source=Artifact(missing), config=QuantizeConfig(), out_dir=tmp_path / "q")
     assert info.value.path == missing
     assert str(missing) in str(info.value)
     assert "does not exist" in str(info.value)
@@ -48,7 +45,7 @@ def test_quantize_input_refuses_missing_source(tmp_path: Path) -> None:
 def test_compile_input_refuses_missing_source(tmp_path: Path) -> None:
     missing = tmp_path / "program.pt2"
     with pytest.raises(ArtifactError) as info:
-        CompileInput(source=missing, config=CompileConfig(), out_dir=tmp_path / "c")
+        CompileInput(source=Artifact(missing), config=CompileConfig(), out_dir=tmp_path / "c")
     assert info.value.path == missing
     assert "the program to compile does not exist" in str(info.value)
 
@@ -56,7 +53,7 @@ def test_compile_input_refuses_missing_source(tmp_path: Path) -> None:
 def test_infer_input_refuses_missing_source(tmp_path: Path) -> None:
     missing = tmp_path / "model.pte"
     with pytest.raises(ArtifactError) as info:
-        InferInput(source=missing, config=InferConfig(), out_dir=tmp_path / "i")
+        InferInput(source=Artifact(missing), config=InferConfig(), out_dir=tmp_path / "i")
     assert info.value.path == missing
     assert "the program to run does not exist" in str(info.value)
 
@@ -66,9 +63,10 @@ def test_inputs_accept_existing_directory_or_file(tmp_path: Path) -> None:
     artifact.mkdir()
     pte = tmp_path / "model.pte"
     pte.write_bytes(b"pte")
-    assert QuantizeInput(artifact, QuantizeConfig(), tmp_path / "q").source == artifact
-    assert CompileInput(artifact, CompileConfig(), tmp_path / "c").source == artifact
-    assert InferInput(pte, InferConfig(), tmp_path / "i").source == pte
+    source = Artifact(artifact)
+    assert QuantizeInput(source, QuantizeConfig(), tmp_path / "q").source.path == artifact
+    assert CompileInput(source, CompileConfig(), tmp_path / "c").source.path == artifact
+    assert InferInput(Artifact(pte), InferConfig(), tmp_path / "i").source.path == pte
 
 
 def test_prepare_input_needs_no_source(tmp_path: Path) -> None:
@@ -76,30 +74,26 @@ def test_prepare_input_needs_no_source(tmp_path: Path) -> None:
     assert inp.out_dir == tmp_path / "absent"
 
 
-def test_outputs_point_at_their_files(tmp_path: Path) -> None:
-    m = _manifest()
-    assert PrepareOutput(tmp_path, m).program == tmp_path / stages.PROGRAM
-    assert QuantizeOutput(tmp_path, m).program == tmp_path / "methods" / "forward.pt2"
-    assert CompileOutput(tmp_path, m).pte == tmp_path / stages.PTE == tmp_path / "model.pte"
-
-
-def test_outputs_read_metrics(tmp_path: Path) -> None:
+def test_an_artifact_reads_its_metrics_as_copies(tmp_path: Path) -> None:
     m = _manifest({"accuracy": {"cosine": 0.99}, "latency_ms": {"p50": 1.5}})
-    assert QuantizeOutput(tmp_path, m).accuracy == {"cosine": 0.99}
-    out = InferOutput(tmp_path, m)
-    assert out.latency_ms == {"p50": 1.5}
-    assert out.accuracy == {"cosine": 0.99}
-    empty = InferOutput(tmp_path, _manifest())
-    assert empty.latency_ms == {}
-    assert empty.accuracy == {}
-    assert QuantizeOutput(tmp_path, _manifest()).accuracy == {}
+    out = Artifact(tmp_path, m)
+    assert out.metrics("accuracy") == {"cosine": 0.99}
+    assert out.metrics("latency_ms") == {"p50": 1.5}
+    out.metrics("latency_ms")["p50"] = 99.0
+    assert out.metrics("latency_ms") == {"p50": 1.5}
+    assert Artifact(tmp_path, _manifest()).metrics("accuracy") == {}
+    assert out.sealed is m
 
 
-def test_output_metrics_are_copies(tmp_path: Path) -> None:
-    m = _manifest({"latency_ms": {"p50": 1.5}})
-    out = InferOutput(tmp_path, m)
-    out.latency_ms["p50"] = 99.0
-    assert out.latency_ms == {"p50": 1.5}
+def test_a_bare_file_is_an_artifact_without_a_manifest(tmp_path: Path) -> None:
+    pte = tmp_path / "model.pte"
+    pte.write_bytes(b"pte")
+    bare = Artifact.open(pte)
+    assert bare == Artifact(pte) and bare.metrics("accuracy") == {}
+    with pytest.raises(ArtifactError, match="is a bare file"):
+        _ = bare.sealed
+    with pytest.raises(ArtifactError, match="does not exist"):
+        Artifact.open(tmp_path / "absent.pte")
 
 
 def test_file_names_are_distinct() -> None:

@@ -12,18 +12,18 @@ import time
 from pathlib import Path
 
 import qnn_compile
+from qnn_common.artifact import Artifact
 from qnn_common.cache_keys import cache_key, code_version
 from qnn_common.config import CompileConfig, Stage
 from qnn_common.errors import ConfigValidationError
 from qnn_common.manifest import Manifest, ProgramRecord
 from qnn_common.recipes import Backend
-from qnn_common.sealing import load_manifest, manifest_digest, seal_stage
+from qnn_common.sealing import seal_stage
 from qnn_common.stages import (
     DEFAULT_METHOD,
     ETRECORD,
     PTE,
     CompileInput,
-    CompileOutput,
     carry_forward,
     llm_spec_of,
     program_files,
@@ -39,17 +39,19 @@ from qnn_compile.shard_sizes import plan_shards
 from qnn_compile.shards import boundaries
 
 PACKAGE = "qnn-compile"
+# What compile takes: a prepared or a quantized artifact (or a bare .pt2).
+_UPSTREAM = (Stage.PREPARE, Stage.QUANTIZE)
 log = logging.getLogger(__name__)
 
 
 def _source(inp: CompileInput) -> tuple[dict[str, Path], Manifest | None]:
-    """(method -> program file, upstream manifest with its files verified; None for a bare
-    .pt2, the one method `forward`)."""
-    if inp.source.is_dir():
-        upstream = load_manifest(inp.source, expect_stage=(Stage.PREPARE, Stage.QUANTIZE))
-        files = program_files(inp.source, upstream)
-        return {m: inp.source / f for m, f in files.items()}, upstream
-    return {DEFAULT_METHOD: inp.source}, None
+    """(method -> program file, upstream manifest, verified when the artifact was opened; None
+    for a bare .pt2, the one method `forward`)."""
+    upstream = inp.source.manifest_as(_UPSTREAM)
+    if upstream is not None:
+        files = program_files(inp.source.path, upstream)
+        return {m: inp.source.path / f for m, f in files.items()}, upstream
+    return {DEFAULT_METHOD: inp.source.path}, None
 
 
 def _toolchain_digests(cfg: CompileConfig) -> dict[str, str]:
@@ -62,24 +64,20 @@ def _toolchain_digests(cfg: CompileConfig) -> dict[str, str]:
     return {"qnn_sdk": f"{sdk.qnn_version}|{sdk.build_id}|bridged={sdk.bridged}"}
 
 
-def _input_digests(config: CompileConfig, source: Path) -> dict[str, str]:
+def _input_digests(config: CompileConfig, source: Artifact) -> dict[str, str]:
     """What the cache key and the sealed manifest's inputs cover, one rule for both: the
-    upstream manifest's identity digest (read from its manifest, whose own digest is checked;
-    its files are verified when the stage runs, not to compute a key), or a bare .pt2's sha256;
-    plus the toolchain's."""
-    if source.is_dir():
-        stage = load_manifest(
-            source, expect_stage=(Stage.PREPARE, Stage.QUANTIZE), verify=False
-        ).stage
-        digests = {stage: manifest_digest(source)}
+    upstream manifest's identity digest, or a bare .pt2's sha256; plus the toolchain's."""
+    upstream = source.manifest_as(_UPSTREAM)
+    if upstream is not None:
+        digests = {upstream.stage: upstream.identity_digest()}
     else:
-        digests = {"program": sha256_file(source)}
+        digests = {"program": sha256_file(source.path)}
     return {**digests, **_toolchain_digests(config)}
 
 
-def compile_cache_key(config: CompileConfig, source: Path) -> str:
-    """The cache key of the artifact compiling `source` at `config`; reads only the source's
-    manifest (or hashes a .pt2)."""
+def compile_cache_key(config: CompileConfig, source: Artifact) -> str:
+    """The cache key of the artifact compiling `source` at `config`: from its manifest (or a bare
+    .pt2's hash)."""
     return cache_key(Stage.COMPILE, config, _input_digests(config, source),
                      code_version(qnn_compile))
 
@@ -124,17 +122,17 @@ def _check_matches_upstream(source: Path, cfg: CompileConfig, upstream: Manifest
         )
 
 
-def run_compile(inp: CompileInput) -> CompileOutput:
+def run_compile(inp: CompileInput) -> Artifact:
     """Lower to ExecuTorch for `inp.config`'s target and write model.pte (+ ETRecord)."""
     cfg = inp.config
     program_paths, upstream = _source(inp)
-    _check_matches_upstream(inp.source, cfg, upstream)
-    layers = _check_shards(inp.source, cfg, upstream)
+    _check_matches_upstream(inp.source.path, cfg, upstream)
+    layers = _check_shards(inp.source.path, cfg, upstream)
     # The backend's lowering is built before any output is written: a missing SDK or an unknown
     # chipset is a clear error with nothing left behind.
     lowering = lowering_for(cfg)
     digests = _input_digests(inp.config, inp.source)
-    programs = load_methods(program_paths, inp.programs)
+    programs = load_methods(program_paths, inp.source.programs)
     shards = None
     if layers is not None:  # sharded: how many contexts, from the program, before lowering
         graphs = 1 if one_context_per_method(cfg.weight_sharing) else len(programs)
@@ -148,7 +146,7 @@ def run_compile(inp: CompileInput) -> CompileOutput:
             "weight sharing shares weights between a program's methods, and this program has "
             f"one ({next(iter(programs))}); drop --weight-sharing",
         )
-    out = begin_artifact(inp.out_dir, inputs=[inp.source])
+    out = begin_artifact(inp.out_dir, inputs=[inp.source.path])
 
     t = time.perf_counter()
     etrecord = out / ETRECORD if cfg.etrecord else None
@@ -165,7 +163,7 @@ def run_compile(inp: CompileInput) -> CompileOutput:
 
     files = [PTE] + ([ETRECORD] if etrecord is not None else [])
     if upstream is not None:
-        files += carry_forward(inp.source, upstream, out)
+        files += carry_forward(inp.source.path, upstream, out)
 
     manifest = seal_stage(
         out,
@@ -177,7 +175,7 @@ def run_compile(inp: CompileInput) -> CompileOutput:
         files=files,
         timings={"lower_s": seconds},
         metrics={
-            "model": upstream.metrics.get("model") if upstream else inp.source.name,
+            "model": upstream.metrics.get("model") if upstream else inp.source.path.name,
             "target": dict(lowering.record),
             "pte_bytes": pte.size,
             "delegated_ops": lowered.delegated_ops,
@@ -200,4 +198,4 @@ def run_compile(inp: CompileInput) -> CompileOutput:
             kind="custom", methods=tuple(programs)
         ),
     )
-    return CompileOutput(inp.out_dir, manifest, pte.sha256)
+    return Artifact(inp.out_dir, manifest, pte_sha256=pte.sha256)

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from qnn_common.artifact import Artifact
 from qnn_common.config import CompileConfig, Stage
 from qnn_common.errors import ArtifactError
 from qnn_common.manifest import ProgramRecord
@@ -28,13 +29,13 @@ def test_key_reads_the_manifest_not_the_files(tmp_path: Path) -> None:
     source = _prepared(tmp_path / "prep", b"p" * (1 << 20))
     clear_digest_memo()
     before = hashed_count()
-    key = compile_cache_key(CompileConfig(), source)
+    key = compile_cache_key(CompileConfig(), Artifact.open(source))
     assert hashed_count() == before  # nothing read but manifest.json
     other = _prepared(tmp_path / "prep2", b"q" * (1 << 20))
-    assert compile_cache_key(CompileConfig(), other) != key
+    assert compile_cache_key(CompileConfig(), Artifact.open(other)) != key
 
 
 def test_key_still_checks_the_upstream_stage(tmp_path: Path) -> None:
     source = _prepared(tmp_path / "inf", b"p", stage=Stage.INFER)
     with pytest.raises(ArtifactError, match="expected prepare or quantize"):
-        compile_cache_key(CompileConfig(), source)
+        compile_cache_key(CompileConfig(), Artifact.open(source))

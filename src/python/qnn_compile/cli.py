@@ -7,6 +7,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from qnn_common.artifact import Artifact
 from qnn_common.cli.support import (
     EXIT_CODES_HELP,
     add_logging_args,
@@ -23,7 +24,7 @@ from qnn_common.config import (
 )
 from qnn_common.manifest import MANIFEST_NAME
 from qnn_common.recipes import BACKENDS, Backend, Recipe, parse_enum
-from qnn_common.stages import CompileInput
+from qnn_common.stages import PTE, CompileInput
 
 
 def add_htp_performance_mode_arg(parser: argparse.ArgumentParser, default: str | None) -> None:
@@ -120,12 +121,13 @@ def _main(argv: Sequence[str] | None) -> int:
                            num_shards=args.num_shards if args.num_shards is not None else 1)
     from qnn_compile.api import run_compile  # torch is imported only past argument checks
 
-    result = run_compile(CompileInput(source=args.source, config=config, out_dir=args.out,
+    source = Artifact.open(args.source)
+    result = run_compile(CompileInput(source=source, config=config, out_dir=args.out,
                                       context_cache=args.context_cache))
-    m = result.manifest.metrics
+    m = result.sealed.metrics
     print(
-        f"compiled -> {result.pte} ({m['pte_bytes']} bytes, {m['delegated_ops']} ops delegated, "
-        f"{m['non_delegated_ops']} not)"
+        f"compiled -> {result.path / PTE} ({m['pte_bytes']} bytes, "
+        f"{m['delegated_ops']} ops delegated, {m['non_delegated_ops']} not)"
     )
     return 0
 

@@ -2,33 +2,31 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import qnn_infer
+from qnn_common.artifact import Artifact
 from qnn_common.cache_keys import cache_key, code_version
 from qnn_common.config import InferConfig, Stage
-from qnn_common.sealing import load_manifest
-from qnn_common.stages import PTE, InferInput, InferOutput
+from qnn_common.stages import PTE, InferInput
 from qnn_infer.device import check_device_ready
 from qnn_infer.families import family_for
 from qnn_infer.sealing import input_digests
 
 
-def infer_cache_key(config: InferConfig, source: Path) -> str:
+def infer_cache_key(config: InferConfig, source: Artifact) -> str:
     """The cache key of the artifact running `source` at `config`."""
     return cache_key(Stage.INFER, config, input_digests(config, source),
                      code_version(qnn_infer))
 
 
-def run_infer(inp: InferInput) -> InferOutput:
+def run_infer(inp: InferInput) -> Artifact:
     """Run the program on its artifact's eval inputs (or `inputs_file`, or a prompt), judge it
     against its references and time it: find the program, pick its family
     (`qnn_infer.families`), run."""
     check_device_ready(inp.config)  # before any program is loaded
-    if inp.source.is_dir():
-        upstream = load_manifest(inp.source, expect_stage=Stage.COMPILE)
-        pte = inp.source / PTE
+    upstream = inp.source.manifest_as(Stage.COMPILE)
+    if upstream is not None:
+        pte = inp.source.path / PTE
         have = {f.path for f in upstream.files}
     else:
-        upstream, pte, have = None, inp.source, set()
+        pte, have = inp.source.path, set()
     return family_for(inp, upstream).run(inp, upstream, pte, have)

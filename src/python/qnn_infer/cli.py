@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from qnn_common.artifact import Artifact
 from qnn_common.cli.support import (
     EXIT_CODES_HELP,
     add_logging_args,
@@ -204,13 +205,15 @@ def _main(argv: Sequence[str] | None) -> int:
                          generation=_generation_config(args))
     from qnn_infer.api import run_infer  # torch is imported only past argument checks
 
-    result = run_infer(InferInput(source=args.source, config=config, out_dir=args.out))
-    report = {"latency_ms": result.latency_ms, "accuracy": result.accuracy,
-              "accuracy_ok": result.manifest.metrics["accuracy_gates"]["ok"]}
-    if "generation" in result.manifest.metrics:
-        report["generation"] = result.manifest.metrics["generation"]
+    source = Artifact.open(args.source)
+    result = run_infer(InferInput(source=source, config=config, out_dir=args.out))
+    metrics = result.sealed.metrics
+    report = {"latency_ms": result.metrics("latency_ms"), "accuracy": result.metrics("accuracy"),
+              "accuracy_ok": metrics["accuracy_gates"]["ok"]}
+    if "generation" in metrics:
+        report["generation"] = metrics["generation"]
     print(json.dumps(report, indent=2))
-    failure = gate_failure(result.artifact_dir, result.manifest)
+    failure = gate_failure(result.path, result.sealed)
     if failure is not None:
         raise failure  # exit 2, the numbers and how to relax the gate (run_cli)
     return 0

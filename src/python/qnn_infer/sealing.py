@@ -8,21 +8,23 @@ from pathlib import Path
 from typing import Any
 
 import qnn_infer
+from qnn_common.artifact import Artifact
 from qnn_common.config import InferConfig, Stage
 from qnn_common.manifest import Manifest, ProgramRecord
-from qnn_common.sealing import manifest_digest, seal_stage
+from qnn_common.sealing import seal_stage
 from qnn_common.stages import InferInput
 from qnn_common.store.hashing import sha256_file
 
 PACKAGE = "qnn-infer"
 
 
-def input_digests(config: InferConfig, source: Path) -> dict[str, str]:
+def input_digests(config: InferConfig, source: Artifact) -> dict[str, str]:
     """The compile artifact's identity digest (or a bare .pte's sha256), and the inputs file's."""
-    if source.is_dir():
-        digests = {"compile": manifest_digest(source)}
+    upstream = source.manifest_as(Stage.COMPILE)
+    if upstream is not None:
+        digests = {"compile": upstream.identity_digest()}
     else:
-        digests = {"pte": sha256_file(source)}
+        digests = {"pte": sha256_file(source.path)}
     if config.inputs_file is not None:
         digests["inputs_file"] = sha256_file(config.inputs_file)
     return digests

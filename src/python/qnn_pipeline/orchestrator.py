@@ -12,10 +12,11 @@ import logging
 import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, TypeVar
 
+from qnn_common.artifact import Artifact
 from qnn_common.config import QuantizeConfig, Stage
 from qnn_common.errors import ArtifactError, ConfigValidationError, PipelineError, StageError
 from qnn_common.manifest import MANIFEST_NAME, Manifest
@@ -25,13 +26,9 @@ from qnn_common.sealing import load_manifest
 from qnn_common.stages import (
     CONTEXT_CACHE_DIR,
     CompileInput,
-    CompileOutput,
     InferInput,
     PrepareInput,
-    PrepareOutput,
-    Programs,
     QuantizeInput,
-    QuantizeOutput,
 )
 from qnn_common.store.artifact_dir import cleans_up_artifacts
 from qnn_common.store.artifact_lock import acquire_artifact_lock, release_artifact_lock
@@ -79,29 +76,7 @@ class PipelineResult:
         return self
 
 
-@dataclass(frozen=True)
-class Artifact:
-    """A stage's result as the next stage receives it: its directory (or, resuming with --from,
-    a bare .pt2 / .pte), its manifest (None for a bare file), and the programs its stage saved
-    in this process, which the next stage takes in memory (empty when cached or made
-    elsewhere; `qnn_common.torchio.programs.SavedProgram`)."""
-
-    path: Path
-    manifest: Manifest | None = None
-    programs: Programs = field(default_factory=dict, repr=False)
-    # A compile that ran in this process: its .pte's sha256, which infer then runs in-process
-    # without rehearsing it (`InferInput.compiled_here`); None for anything found on disk.
-    pte_sha256: str | None = None
-
-
 StageIn = TypeVar("StageIn", PrepareInput, QuantizeInput, CompileInput, InferInput)
-
-
-class _Sealed(Protocol):
-    """What every stage's run returns: its sealed artifact's manifest (and more)."""
-
-    @property
-    def manifest(self) -> Manifest: ...
 
 
 @dataclass(frozen=True)
@@ -112,13 +87,10 @@ class StageRunner(Generic[StageIn]):
 
     key: Callable[[PipelineContext, Artifact | None], str]
     make_input: Callable[[PipelineContext, Artifact | None, Path], StageIn]
-    run: Callable[[StageIn], _Sealed]
+    run: Callable[[StageIn], Artifact]
 
     def run_into(self, ctx: PipelineContext, source: Artifact | None, out_dir: Path) -> Artifact:
-        output = self.run(self.make_input(ctx, source, out_dir))
-        programs = output.programs if isinstance(output, PrepareOutput | QuantizeOutput) else {}
-        pte_sha256 = output.pte_sha256 if isinstance(output, CompileOutput) else None
-        return Artifact(out_dir, output.manifest, programs, pte_sha256)
+        return self.run(self.make_input(ctx, source, out_dir))
 
 
 def _need(source: Artifact | None, stage: Stage) -> Artifact:
@@ -142,35 +114,29 @@ _PREPARE = StageRunner[PrepareInput](
 )
 def _quantize_input(ctx: PipelineContext, source: Artifact | None, out: Path) -> QuantizeInput:
     src = _need(source, Stage.QUANTIZE)
-    return QuantizeInput(src.path, _quantize_config(ctx), out, src.programs)
+    return QuantizeInput(src, _quantize_config(ctx), out)
 
 
 def _compile_input(ctx: PipelineContext, source: Artifact | None, out: Path) -> CompileInput:
     src = _need(source, Stage.COMPILE)
     # One context cache for every compile of this output tree: a rerun after a kill, or with a
     # program changed in some layers, rebuilds only the HTP contexts it lacks.
-    return CompileInput(src.path, ctx.compile, out, src.programs,
-                        context_cache=ctx.out_dir / CONTEXT_CACHE_DIR)
+    return CompileInput(src, ctx.compile, out, context_cache=ctx.out_dir / CONTEXT_CACHE_DIR)
 
 
 _QUANTIZE = StageRunner[QuantizeInput](
-    lambda ctx, src: quantize_cache_key(_quantize_config(ctx), _need(src, Stage.QUANTIZE).path),
+    lambda ctx, src: quantize_cache_key(_quantize_config(ctx), _need(src, Stage.QUANTIZE)),
     _quantize_input,
     run_quantize,
 )
 _COMPILE = StageRunner[CompileInput](
-    lambda ctx, src: compile_cache_key(ctx.compile, _need(src, Stage.COMPILE).path),
+    lambda ctx, src: compile_cache_key(ctx.compile, _need(src, Stage.COMPILE)),
     _compile_input,
     run_compile,
 )
-def _infer_input(ctx: PipelineContext, source: Artifact | None, out: Path) -> InferInput:
-    src = _need(source, Stage.INFER)
-    return InferInput(src.path, ctx.infer, out, compiled_here=src.pte_sha256)
-
-
 _INFER = StageRunner[InferInput](
-    lambda ctx, src: infer_cache_key(ctx.infer, _need(src, Stage.INFER).path),
-    _infer_input,
+    lambda ctx, src: infer_cache_key(ctx.infer, _need(src, Stage.INFER)),
+    lambda ctx, src, out: InferInput(_need(src, Stage.INFER), ctx.infer, out),
     run_infer,
 )
 _RUNNERS: dict[Stage, StageRunner[Any]] = {
@@ -321,6 +287,6 @@ def run_pipeline(
 
 def _resumed(path: Path) -> Artifact:
     """--from: an artifact directory with its manifest, or a bare .pt2 / .pte."""
-    return Artifact(path, load_manifest(path) if path.is_dir() else None)
+    return Artifact.open(path)
 
 

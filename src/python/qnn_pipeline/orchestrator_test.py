@@ -10,17 +10,17 @@ from typing import Any
 
 import pytest
 
+from qnn_common.artifact import Artifact
 from qnn_common.cache_keys import cache_key
 from qnn_common.config import Stage
 from qnn_common.errors import ArtifactError, ConfigValidationError, PipelineError
-from qnn_common.manifest import Manifest
 from qnn_common.recipes import Backend, Recipe
 from qnn_common.sealing import write_manifest
 from qnn_pipeline import orchestrator
 from qnn_pipeline import summary as summary_module
 from qnn_pipeline.cli import main
 from qnn_pipeline.context import PipelineContext
-from qnn_pipeline.orchestrator import Artifact, StageRunner, run_pipeline, start_of
+from qnn_pipeline.orchestrator import StageRunner, run_pipeline, start_of
 from qnn_pipeline.summary import StageRecord, build_summary, format_summary
 
 
@@ -142,11 +142,6 @@ def test_a_summary_write_killed_midway_is_swept_by_the_next_run(tmp_path: Path) 
     assert sorted(p.name for p in tmp_path.iterdir()) == [in_progress.name]
 
 
-class _Sealed:
-    def __init__(self, manifest: Manifest) -> None:
-        self.manifest = manifest
-
-
 def _stand_in(stage: Stage, ran: list[tuple[Stage, str | None]]) -> StageRunner[Any]:
     """A stage that seals a one-file artifact keyed by its upstream's directory name."""
 
@@ -159,14 +154,14 @@ def _stand_in(stage: Stage, ran: list[tuple[Stage, str | None]]) -> StageRunner[
     def key(ctx: PipelineContext, source: Artifact | None) -> str:
         return key_of(None if source is None else source.path.name)
 
-    def run(inp: Any) -> _Sealed:
+    def run(inp: Any) -> Artifact:
         upstream, out = inp
         ran.append((stage, upstream))
         out.mkdir(parents=True)
         (out / "x.bin").write_bytes(stage.value.encode())
-        return _Sealed(write_manifest(out, stage=stage, package="t", package_version="0",
-                                      config={"upstream": upstream}, inputs={}, files=["x.bin"],
-                                      cache_key=key_of(upstream)))
+        return Artifact(out, write_manifest(
+            out, stage=stage, package="t", package_version="0", config={"upstream": upstream},
+            inputs={}, files=["x.bin"], cache_key=key_of(upstream)))
 
     return StageRunner(key, make_input, run)
 

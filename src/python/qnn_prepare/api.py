@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 import qnn_prepare
+from qnn_common.artifact import Artifact
 from qnn_common.cache_keys import cache_key, code_version
 from qnn_common.config import PrepareConfig, Stage
 from qnn_common.manifest import Manifest, ProgramRecord
@@ -21,7 +22,6 @@ from qnn_common.stages import (
     EVAL_INPUTS,
     REFERENCE_FP32,
     PrepareInput,
-    PrepareOutput,
     method_program,
 )
 from qnn_common.store.artifact_dir import begin_artifact
@@ -75,7 +75,7 @@ def prepare_cache_key(config: PrepareConfig) -> str:
     return cache_key(Stage.PREPARE, config, source_digests(config), code_version(qnn_prepare))
 
 
-def run_prepare(inp: PrepareInput) -> PrepareOutput:
+def run_prepare(inp: PrepareInput) -> Artifact:
     """Export the model with the task that takes it (`qnn_prepare.models.task_for`) and seal
     the artifact: one program per method (``methods/<name>.pt2``, named in the manifest's
     `program` record), the calibration and eval inputs, the fp32 reference outputs, tokenizer
@@ -104,7 +104,7 @@ def run_prepare(inp: PrepareInput) -> PrepareOutput:
     manifest = _seal(
         out, cfg, source_digests(cfg), files, exported.timings, metrics=metrics, program=record
     )
-    return PrepareOutput(inp.out_dir, manifest, handed_on(saved))
+    return Artifact(inp.out_dir, manifest, handed_on(saved))
 
 
 def _seal(

@@ -99,7 +99,7 @@ def _main(argv: Sequence[str] | None) -> int:
         attention_sink=not args.no_attention_sink,
     )
     result = run_prepare(PrepareInput(config=config, out_dir=args.out))
-    print(f"prepared {args.model} -> {result.artifact_dir}")
+    print(f"prepared {args.model} -> {result.path}")
     return 0
 
 

@@ -248,14 +248,14 @@ def test_the_manifest_names_the_task_and_lists_methods(tmp_path: Path) -> None:
 
     single = run_prepare(PrepareInput(PrepareConfig(model="tiny-cnn", calibration_samples=2,
                                                     eval_samples=1), tmp_path / "cnn"))
-    assert single.manifest.metrics["task"] == "vision" and "methods" not in single.manifest.metrics
+    assert single.sealed.metrics["task"] == "vision" and "methods" not in single.sealed.metrics
     assert (tmp_path / "cnn" / PROGRAM).is_file()
     lm = run_prepare(PrepareInput(
         PrepareConfig(model="tiny-llama", kv_cache=True, max_seq_len=16, prefill_len=4,
                       calibration_samples=1, eval_samples=1),
         tmp_path / "lm",
     ))
-    assert lm.manifest.metrics["task"] == "causal-lm"
-    assert lm.manifest.program is not None
-    assert lm.manifest.program.methods == ("prefill", "decode")
+    assert lm.sealed.metrics["task"] == "causal-lm"
+    assert lm.sealed.program is not None
+    assert lm.sealed.program.methods == ("prefill", "decode")
     assert all((tmp_path / "lm" / method_program(m)).is_file() for m in ("prefill", "decode"))

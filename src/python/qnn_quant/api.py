@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import qnn_quant
+from qnn_common.artifact import Artifact
 from qnn_common.cache_keys import cache_key, code_version
 from qnn_common.config import QuantizeConfig, Stage
-from qnn_common.sealing import load_manifest, manifest_digest, seal_stage
+from qnn_common.sealing import seal_stage
 from qnn_common.stages import (
     REFERENCE_FAKE_QUANT,
     QuantizeInput,
-    QuantizeOutput,
     carry_forward,
     program_files,
 )
@@ -28,25 +27,24 @@ from qnn_quant.quantized_ops import dynamic_op_count, quantized_op_count, quanti
 PACKAGE = "qnn-quant"
 
 
-def quantize_cache_key(config: QuantizeConfig, source: Path) -> str:
-    """The cache key of the artifact quantizing `source` at `config`; needs only the source's
-    manifest."""
-    return cache_key(Stage.QUANTIZE, config, {"prepare": manifest_digest(source)},
-                     code_version(qnn_quant))
+def quantize_cache_key(config: QuantizeConfig, source: Artifact) -> str:
+    """The cache key of the artifact quantizing `source` at `config`: from its manifest alone."""
+    digest = source.sealed_as(Stage.PREPARE).identity_digest()
+    return cache_key(Stage.QUANTIZE, config, {"prepare": digest}, code_version(qnn_quant))
 
 
-def run_quantize(inp: QuantizeInput) -> QuantizeOutput:
+def run_quantize(inp: QuantizeInput) -> Artifact:
     """PT2E-quantize a prepared program's methods, and report what that cost in accuracy.
 
     Load the methods, pick the family (`qnn_quant.families`: how its methods are calibrated,
     quantized and judged), then for every family alike: write the methods and the fake-quant
     reference, carry the inputs forward, seal."""
     cfg: QuantizeConfig = inp.config
-    src = load_manifest(inp.source, expect_stage=Stage.PREPARE)
-    family = family_for(inp.source, src)
-    files = program_files(inp.source, src)
-    programs = load_methods({m: inp.source / f for m, f in files.items()}, inp.programs)
-    out = begin_artifact(inp.out_dir, inputs=[inp.source])
+    src = inp.source.sealed_as(Stage.PREPARE)
+    family = family_for(inp.source.path, src)
+    files = program_files(inp.source.path, src)
+    programs = load_methods({m: inp.source.path / f for m, f in files.items()}, inp.source.programs)
+    out = begin_artifact(inp.out_dir, inputs=[inp.source.path])
     # Read off the float graphs, before the family consumes them.
     layer_recipes = layer_recipe_record([p.graph for p in programs.values()], cfg.layer_recipes)
 
@@ -54,11 +52,11 @@ def run_quantize(inp: QuantizeInput) -> QuantizeOutput:
     del programs  # the family's input, which it may have changed: not this stage's output
     saved = {m: save_program(out / files[m], p) for m, p in quantized.programs.items()}
     save_samples(out / REFERENCE_FAKE_QUANT, quantized.fake_quant)
-    carried = carry_forward(inp.source, src, out)
+    carried = carry_forward(inp.source.path, src, out)
     methods = list(quantized.programs.values())
     manifest = seal_stage(
         out, stage=Stage.QUANTIZE, package=PACKAGE, module=qnn_quant, config=cfg,
-        inputs={"prepare": manifest_digest(inp.source)},
+        inputs={"prepare": src.identity_digest()},
         files=[*files.values(), REFERENCE_FAKE_QUANT, *carried], timings=quantized.timings,
         program=src.program,
         metrics={
@@ -71,7 +69,7 @@ def run_quantize(inp: QuantizeInput) -> QuantizeOutput:
             "accuracy": quantized.accuracy,
         },
     )
-    return QuantizeOutput(inp.out_dir, manifest, handed_on(saved))
+    return Artifact(inp.out_dir, manifest, handed_on(saved))
 
 
 def _rounding_metrics(

@@ -8,6 +8,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from qnn_common.artifact import Artifact
 from qnn_common.cli.support import (
     EXIT_CODES_HELP,
     add_logging_args,
@@ -138,9 +139,10 @@ def _main(argv: Sequence[str] | None) -> int:
     )
     from qnn_quant.api import run_quantize  # torch is imported only past argument checks
 
-    result = run_quantize(QuantizeInput(source=args.source, config=config, out_dir=args.out))
-    print(json.dumps(result.accuracy, indent=2))
-    print(f"quantized -> {result.artifact_dir}")
+    source = Artifact.open(args.source)
+    result = run_quantize(QuantizeInput(source=source, config=config, out_dir=args.out))
+    print(json.dumps(result.metrics("accuracy"), indent=2))
+    print(f"quantized -> {result.path}")
     return 0
 
 

@@ -40,7 +40,7 @@ _OP_LIBRARIES = (
 class SavedProgram:
     """A program as `save_program` wrote it: the object, and the sha256 of the bytes written.
 
-    A stage returns the programs it saved (`PrepareOutput.programs`, `QuantizeOutput.programs`)
+    A stage returns the programs it saved (`qnn_common.artifact.Artifact.programs`)
     and a chained run hands them to the next stage's input: `load_program(path, saved)` then
     returns the object, while the file still holds those bytes, instead of rebuilding it (for
     MiniLM 8a8w, torch.export.load of its two programs was 0.8-1.2 s of a ~27 s run). The file is

@@ -15,14 +15,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Protocol
 
+from qnn_common.artifact import Artifact
 from qnn_common.manifest import Manifest
-from qnn_common.stages import InferInput, InferOutput, llm_spec_of
+from qnn_common.stages import InferInput, llm_spec_of
 
 
 class Family(Protocol):
     def run(
         self, inp: InferInput, upstream: Manifest | None, pte: Path, have: set[str]
-    ) -> InferOutput:
+    ) -> Artifact:
         """Run `pte` (its compile artifact's manifest `upstream` and files `have`, or None and
         nothing for a bare .pte), judge, time and seal the infer artifact."""
         ...
@@ -32,6 +33,6 @@ def family_for(inp: InferInput, upstream: Manifest | None) -> Family:
     """The family of the program `inp` runs: a causal LM if its artifact records one."""
     from qnn_infer.families import causal_lm, single
 
-    if upstream is not None and llm_spec_of(inp.source, upstream) is not None:
+    if upstream is not None and llm_spec_of(inp.source.path, upstream) is not None:
         return causal_lm
     return single

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from qnn_common.artifact import Artifact
 from qnn_common.chat_template import render_chat_prompt
 from qnn_common.cli.noise import native_noise_filtered
 from qnn_common.config import InferConfig
@@ -42,7 +43,6 @@ from qnn_common.stages import (
     REFERENCE_FP32,
     TOKENIZER_DIR,
     InferInput,
-    InferOutput,
     compiled_for,
     llm_spec_of,
     rope_of,
@@ -205,10 +205,10 @@ def generation_latency(generation: Generation) -> dict[str, float]:
 
 def run(
     inp: InferInput, upstream: Manifest | None, pte: Path, have: set[str]
-) -> InferOutput:
+) -> Artifact:
     """Teacher-forced logits vs the references, then a timed generation."""
     cfg: InferConfig = inp.config
-    spec = None if upstream is None else llm_spec_of(inp.source, upstream)
+    spec = None if upstream is None else llm_spec_of(inp.source.path, upstream)
     assert upstream is not None and spec is not None  # family_for picked this family for it
     if cfg.device is not None or cfg.inputs_file is not None or cfg.etdump:
         raise ConfigValidationError(
@@ -216,11 +216,11 @@ def run(
             "a causal-LM program runs on the host from its eval texts and a prompt; "
             "drop --device / --inputs / --etdump",
         )
-    target, recipe = compiled_for(inp.source, upstream)
-    check_program_matches(inp.source, upstream)
+    target, recipe = compiled_for(inp.source.path, upstream)
+    check_program_matches(inp.source.path, upstream)
     if upstream.config.get("weight_sharing"):
         raise ConfigValidationError(
-            "infer", str(inp.source),
+            "infer", str(inp.source.path),
             "this program's methods share one copy of their weights (compiled with "
             "--weight-sharing), which only a device loads: the x86 HTP emulator refuses it (QNN: "
             "\"Shared weights buffer isn't supported on this platform\"); compile without "
@@ -229,16 +229,16 @@ def run(
     runtime = prepare_runtime({target.backend})
     generation_cfg = cfg.generation or GenerationConfig()
     threads = set_cpu_threads(cfg.threads)
-    rope, sink = rope_of(inp.source, upstream), sink_of(inp.source, upstream)
+    rope, sink = rope_of(inp.source.path, upstream), sink_of(inp.source.path, upstream)
     check_pte_header(pte)
-    rehearse_unless_compiled_here(pte, inp.compiled_here, _generating(pte, spec, rope, sink))
-    out = begin_artifact(inp.out_dir, inputs=[inp.source])
+    rehearse_unless_compiled_here(pte, inp.source.pte_sha256, _generating(pte, spec, rope, sink))
+    out = begin_artifact(inp.out_dir, inputs=[inp.source.path])
     lm = PteLm(pte, spec, rope, sink)
     try:
         t = time.perf_counter()
-        accuracy = teacher_forced_accuracy(lm, inp.source, spec, have)
+        accuracy = teacher_forced_accuracy(lm, inp.source.path, spec, have)
         check_s = time.perf_counter() - t
-        generation = run_generation(lm, inp.source, spec, generation_cfg, target.backend)
+        generation = run_generation(lm, inp.source.path, spec, generation_cfg, target.backend)
     finally:
         lm.close()
     verdict = judge_accuracy(accuracy, cfg.gates_for(recipe, causal_lm=True), recipe)
@@ -249,14 +249,15 @@ def run(
             "model": upstream.metrics.get("model"),
             "runner": "host",
             "threads": threads,
-            "samples": len(load_samples(inp.source / EVAL_INPUTS)) if EVAL_INPUTS in have else 0,
+            "samples": (len(load_samples(inp.source.path / EVAL_INPUTS))
+                        if EVAL_INPUTS in have else 0),
             "latency_ms": generation_latency(generation),
             "accuracy": accuracy,
             "accuracy_gates": verdict,
             "generation": generation.to_json(),
         },
     )
-    return InferOutput(inp.out_dir, manifest)  # the verdict is in it: gate_check.gate_failure
+    return Artifact(inp.out_dir, manifest)  # the verdict is in it: gate_check.gate_failure
 
 
 # What the runtime does first with a program this process did not compile, rehearsed in a child

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from qnn_common.artifact import Artifact
 from qnn_common.config import InferConfig
 from qnn_common.errors import ConfigValidationError
 from qnn_common.manifest import Manifest
@@ -24,7 +25,6 @@ from qnn_common.stages import (
     REFERENCE_FAKE_QUANT,
     REFERENCE_FP32,
     InferInput,
-    InferOutput,
     compiled_for,
 )
 from qnn_common.store.artifact_dir import begin_artifact
@@ -44,18 +44,18 @@ log = logging.getLogger(__name__)
 
 def run(
     inp: InferInput, upstream: Manifest | None, pte: Path, have: set[str]
-) -> InferOutput:
+) -> Artifact:
     """Run the program on the artifact's eval inputs (or `inputs_file`), compare and time it."""
     cfg: InferConfig = inp.config
     if cfg.generation is not None:
         # Not silently dropped: a run that ignored the prompt would pass for one that generated.
         raise ConfigValidationError(
             "infer.generation", {"prompt": cfg.generation.prompt[:40]},
-            f"{inp.source} is not a causal-LM program with a KV cache, so there is nothing to "
+            f"{inp.source.path} is not a causal-LM program with a KV cache, so there is nothing to "
             "generate with; compile one from a KV-cache export (qnn-prepare --kv-cache), or drop "
             "--prompt and the other generation settings",
         )
-    eval_inputs = load_inputs(inp.source / EVAL_INPUTS) if EVAL_INPUTS in have else None
+    eval_inputs = load_inputs(inp.source.path / EVAL_INPUTS) if EVAL_INPUTS in have else None
     # References were computed on the eval inputs: they judge the program only on those.
     references_apply = cfg.inputs_file is None and eval_inputs is not None
     if cfg.inputs_file is not None:
@@ -85,8 +85,9 @@ def run(
     arch = None
     recipe: Recipe | None = None  # unknown for a bare .pte: only gates set explicitly apply
     if upstream is not None:
-        target, recipe = compiled_for(inp.source, upstream)
-        check_program_matches(inp.source, upstream)  # what the summary will report is what runs
+        target, recipe = compiled_for(inp.source.path, upstream)
+        # What the summary will report is what runs.
+        check_program_matches(inp.source.path, upstream)
         backends = {target.backend}
         arch = target.soc.htp_arch if target.soc is not None else None
     else:
@@ -98,9 +99,10 @@ def run(
     # Before anything is written: a program that aborts the runtime is one error line.
     check_pte_header(pte)
     rehearse_unless_compiled_here(
-        pte, inp.compiled_here, _loading(pte) if cfg.device is not None else _running(pte, flat))
+        pte, inp.source.pte_sha256,
+        _loading(pte) if cfg.device is not None else _running(pte, flat))
 
-    out = begin_artifact(inp.out_dir, inputs=[inp.source, cfg.inputs_file])
+    out = begin_artifact(inp.out_dir, inputs=[inp.source.path, cfg.inputs_file])
     etdump = out / ETDUMP if cfg.etdump else None
     host: HostRunner | None = None
     runner: Runner
@@ -123,7 +125,7 @@ def run(
     if references_apply:
         for key, name in (("vs_fp32", REFERENCE_FP32), ("vs_fake_quant", REFERENCE_FAKE_QUANT)):
             if name in have:
-                accuracy[key] = compare_samples(load_samples(inp.source / name), outputs)
+                accuracy[key] = compare_samples(load_samples(inp.source.path / name), outputs)
     verdict = judge_accuracy(accuracy, cfg.gates_for(recipe), recipe)
     files = [OUTPUTS] + ([ETDUMP] if etdump is not None else [])
     manifest = seal(
@@ -144,7 +146,7 @@ def run(
     )
     # A run below the gates is sealed too (its outputs are the evidence); the verdict is in the
     # manifest, and the CLIs turn a failure into an exit code (gate_check.gate_failure).
-    return InferOutput(inp.out_dir, manifest)
+    return Artifact(inp.out_dir, manifest)
 
 
 # What the runtime does first with a program this process did not compile, rehearsed in a child

@@ -39,17 +39,17 @@ def quantize(
 ) -> Quantized:
     """Quantize prefill and decode with one set of scales, and their teacher-forced logits."""
     cfg = inp.config
-    spec = llm_spec_of(inp.source, src)
+    spec = llm_spec_of(inp.source.path, src)
     assert spec is not None  # family_for picked this family for its LLM record
-    calibration = [s[0] for s in load_samples(inp.source / CALIBRATION)]
-    eval_tokens = [s[0] for s in load_samples(inp.source / EVAL_INPUTS)]
-    rope, sink = rope_of(inp.source, src), sink_of(inp.source, src)
+    calibration = [s[0] for s in load_samples(inp.source.path / CALIBRATION)]
+    eval_tokens = [s[0] for s in load_samples(inp.source.path / EVAL_INPUTS)]
+    rope, sink = rope_of(inp.source.path, src), sink_of(inp.source.path, src)
     timings: dict[str, float] = {}
 
     t = time.perf_counter()
     missing = {PREFILL, DECODE} - set(programs)
     if missing:
-        raise ArtifactError(inp.source, f"a causal LM needs methods {PREFILL} and {DECODE}; "
+        raise ArtifactError(inp.source.path, f"a causal LM needs methods {PREFILL} and {DECODE}; "
                             f"it lacks {', '.join(sorted(missing))}")
     quantized, weights = quantize_methods(
         programs, cfg, causal_lm_calibration(spec, calibration, rope=rope, sink=sink))
@@ -64,7 +64,7 @@ def quantize(
         *method_steps(spec, module_runner(modules, spec), rope, sink), eval_tokens, spec
     )
     timings["report_s"] = time.perf_counter() - t
-    reference = [s[0] for s in load_samples(inp.source / REFERENCE_FP32)]
+    reference = [s[0] for s in load_samples(inp.source.path / REFERENCE_FP32)]
     return Quantized(
         programs=dict(quantized), fake_quant=[(logits,) for logits in fake_quant],
         weights=weights, accuracy={"vs_fp32": logits_accuracy(reference, fake_quant)},

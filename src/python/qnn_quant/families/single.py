@@ -30,8 +30,8 @@ def quantize(
     """Quantize the one method of `programs`, and report what it cost in accuracy."""
     cfg = inp.config
     ((method, program),) = programs.items()
-    calibration = load_inputs(inp.source / CALIBRATION)
-    eval_inputs = load_inputs(inp.source / EVAL_INPUTS)
+    calibration = load_inputs(inp.source.path / CALIBRATION)
+    eval_inputs = load_inputs(inp.source.path / EVAL_INPUTS)
     timings: dict[str, float] = {}
 
     t = time.perf_counter()
@@ -43,7 +43,7 @@ def quantize(
 
     t = time.perf_counter()
     # The fp32 outputs on the eval inputs were computed (and sealed) by prepare: not again here.
-    reference = load_samples(inp.source / REFERENCE_FP32)
+    reference = load_samples(inp.source.path / REFERENCE_FP32)
     # The fake-quant reference computes what the target's kernels compute (qnn_quant.fused_qdq).
     per_row = dynamic_scale_per_row(cfg.backend)
     report: dict[str, Any]
