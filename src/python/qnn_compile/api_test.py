@@ -26,11 +26,11 @@ def _prepared(path: Path, content: bytes, stage: str = Stage.PREPARE) -> Path:
 
 
 def test_key_reads_the_manifest_not_the_files(tmp_path: Path) -> None:
-    source = _prepared(tmp_path / "prep", b"p" * (1 << 20))
+    source = Artifact.open(_prepared(tmp_path / "prep", b"p" * (1 << 20)))  # verified once
     clear_digest_memo()
     before = hashed_count()
-    key = compile_cache_key(CompileConfig(), Artifact.open(source))
-    assert hashed_count() == before  # nothing read but manifest.json
+    key = compile_cache_key(CompileConfig(), source)
+    assert hashed_count() == before  # keyed from the manifest it holds: no file read again
     other = _prepared(tmp_path / "prep2", b"q" * (1 << 20))
     assert compile_cache_key(CompileConfig(), Artifact.open(other)) != key
 
