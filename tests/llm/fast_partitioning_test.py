@@ -29,7 +29,6 @@ def _quantized_decoder() -> dict[str, torch.export.ExportedProgram]:
     quantized, _ = quantize_methods(
         export_methods(lm), QuantizeConfig(backend=Backend.XNNPACK, recipe=Recipe.A8W8),
         causal_lm_calibration(lm.spec, text_sequences(lm, 2, 16), progress=False),
-        progress=False,
     )
     return quantized
 

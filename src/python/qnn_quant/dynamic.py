@@ -46,11 +46,9 @@ log = logging.getLogger(__name__)
 @register_handler(RecipeKind.DYNAMIC)
 def quantize_dynamic(
     programs: dict[str, ExportedProgram], cfg: QuantizeConfig, calibration: Calibration,
-    *, progress: bool,
 ) -> tuple[dict[str, ExportedProgram], WeightsRecord]:
     """8da4w-quantize `programs` at `cfg` (module docstring); returns the quantized methods and
     the transform's record."""
-    del progress  # nothing runs long enough to show
     keep_float = dynamic_keep_float(next(iter(programs.values())), cfg.keep_float,
                                     cfg.layer_recipes)
     scales = None

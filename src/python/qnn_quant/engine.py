@@ -45,15 +45,15 @@ from qnn_quant.handlers import WeightsRecord, handler_for
 
 def quantize_methods(
     programs: dict[str, ExportedProgram], cfg: QuantizeConfig, calibration: Calibration,
-    *, progress: bool = True,
 ) -> tuple[dict[str, ExportedProgram], WeightsRecord]:
-    """Quantize a program's methods at `cfg` with the handler of its recipe (module docstring).
+    """Quantize a program's methods at `cfg` with the handler of its recipe (module docstring);
+    progress is shown as `calibration` says.
 
     `programs` is consumed, so that a caller keeping nothing else holds no float weight once the
     quantized methods exist (a 1B decoder's fp32 weights are 5 GB)."""
     if not programs:
         raise ConfigValidationError("programs", {}, "nothing to quantize: no method given")
-    return handler_for(cfg.recipe)(programs, cfg, calibration, progress=progress)
+    return handler_for(cfg.recipe)(programs, cfg, calibration)
 
 
 def quantize_program(
@@ -97,9 +97,7 @@ def quantize_one(
     """One program quantized at `cfg`, calibrated on `calibration` (none for 8da4w): the engine
     over a dict of one; the program, and what rounded its weights."""
     quantized, record = quantize_methods(
-        {"forward": ep}, cfg, program_calibration(ep, calibration, progress=progress),
-        progress=progress,
-    )
+        {"forward": ep}, cfg, program_calibration(ep, calibration, progress=progress))
     return quantized["forward"], record
 
 

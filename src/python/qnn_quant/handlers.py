@@ -35,8 +35,7 @@ WeightsRecord = GptqResult | IntxResult | None
 
 class Handler(Protocol):
     def __call__(
-        self, programs: dict[str, ExportedProgram], cfg: QuantizeConfig,
-        calibration: Calibration, *, progress: bool,
+        self, programs: dict[str, ExportedProgram], cfg: QuantizeConfig, calibration: Calibration,
     ) -> tuple[dict[str, ExportedProgram], WeightsRecord]:
         """Quantize `programs` (consumed: each float method leaves the dict once converted) at
         `cfg`; the quantized methods, and what rounded their weights (GPTQ's record, 8da4w's

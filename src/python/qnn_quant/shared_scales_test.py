@@ -78,7 +78,6 @@ def test_decode_gets_prefills_scales_for_a_tied_lm_head() -> None:
                                  .manual_seed(i)) for i in range(4)]
     quantized, _ = quantize_methods(
         _programs(), _htp(Recipe.A16W8), causal_lm_calibration(SPEC, calibration, progress=False),
-        progress=False,
     )
     prefill_scales, decode_scales = (_weight_scales(quantized[m]) for m in (PREFILL, DECODE))
     assert len(prefill_scales) == len(decode_scales) == 1
@@ -101,7 +100,7 @@ def test_lpbq_decode_converts_with_prefills_block_scales() -> None:
                                  .manual_seed(i)) for i in range(4)]
     quantized, _ = quantize_methods(
         _programs(), _htp(Recipe.A16W4_BLOCK, block_size=HIDDEN),
-        causal_lm_calibration(SPEC, calibration, progress=False), progress=False,
+        causal_lm_calibration(SPEC, calibration, progress=False),
     )
     blocks = {
         method: [n.args[1] for n in program.graph.nodes
@@ -141,7 +140,6 @@ def test_quantizing_consumes_the_float_methods_and_keeps_one_copy_of_the_weights
                                  .manual_seed(i)) for i in range(2)]
     quantized, _ = quantize_methods(
         programs, _htp(Recipe.A16W8), causal_lm_calibration(SPEC, calibration, progress=False),
-        progress=False,
     )
     assert programs == {}
     gc.collect()

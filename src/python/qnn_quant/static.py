@@ -38,7 +38,6 @@ log = logging.getLogger(__name__)
 @register_handler(RecipeKind.STATIC)
 def quantize_static(
     programs: dict[str, ExportedProgram], cfg: QuantizeConfig, calibration: Calibration,
-    *, progress: bool,
 ) -> tuple[dict[str, ExportedProgram], WeightsRecord]:
     """PT2E-quantize `programs` at `cfg` (module docstring); returns the quantized methods and
     what GPTQ did (None when weights rounded to nearest)."""
