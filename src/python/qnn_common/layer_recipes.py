@@ -3,7 +3,8 @@ recipe than the model's (or fp32: left in float).
 
 The search for a mixed recipe (`qnn-pipeline tune`) and hand-written ones alike come down to this
 table: upstream's Llama-3.2-1B recipe is 16a4w_block with the output head and layers 0-3's down
-projections at 16a8w, which here reads
+projections at 16a8w, which here reads (the head takes 8-bit weights by default already:
+`int8_weights`)
 
     [quantize]
     recipe = "16a4w_block"

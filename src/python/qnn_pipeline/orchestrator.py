@@ -112,6 +112,8 @@ _PREPARE = StageRunner[PrepareInput](
     lambda ctx, src, out: PrepareInput(ctx.prepare, out),
     run_prepare,
 )
+
+
 def _quantize_input(ctx: PipelineContext, source: Artifact | None, out: Path) -> QuantizeInput:
     src = _need(source, Stage.QUANTIZE)
     return QuantizeInput(src, _quantize_config(ctx), out)
