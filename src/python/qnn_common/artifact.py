@@ -34,6 +34,14 @@ class Artifact:
     # The .pte's sha256 as this process's compile wrote it; None for anything found on disk.
     pte_sha256: str | None = None
 
+    def __post_init__(self) -> None:
+        if self.manifest is None and self.path.is_dir():
+            # Taken for a bare file, a directory would be read as one program.
+            raise ArtifactError(
+                self.path, "is a directory given without its manifest: open it with "
+                "Artifact.open(path), which reads and verifies the manifest",
+            )
+
     @classmethod
     def open(cls, path: Path, expect_stage: str | tuple[str, ...] | None = None) -> Artifact:
         """The artifact directory at `path` with its manifest verified (of `expect_stage`, if

@@ -63,7 +63,7 @@ def test_inputs_accept_existing_directory_or_file(tmp_path: Path) -> None:
     artifact.mkdir()
     pte = tmp_path / "model.pte"
     pte.write_bytes(b"pte")
-    source = Artifact(artifact)
+    source = Artifact(artifact, _manifest())
     assert QuantizeInput(source, QuantizeConfig(), tmp_path / "q").source.path == artifact
     assert CompileInput(source, CompileConfig(), tmp_path / "c").source.path == artifact
     assert InferInput(Artifact(pte), InferConfig(), tmp_path / "i").source.path == pte
@@ -94,6 +94,8 @@ def test_a_bare_file_is_an_artifact_without_a_manifest(tmp_path: Path) -> None:
         _ = bare.sealed
     with pytest.raises(ArtifactError, match="does not exist"):
         Artifact.open(tmp_path / "absent.pte")
+    with pytest.raises(ArtifactError, match="open it with Artifact.open"):
+        Artifact(tmp_path)  # a directory is never a bare file
 
 
 def test_file_names_are_distinct() -> None:
