@@ -89,7 +89,7 @@ def dynamic_keep_float(
     matches no layer is refused as on the other recipes."""
     if not layer_recipes:
         return keep_float
-    tabled_recipes(ep.module(), layer_recipes)
+    tabled_recipes(ep.graph_module, layer_recipes)
     return (*(keep_float or ()), *(e.pattern for e in layer_recipes))
 
 
