@@ -163,7 +163,7 @@ def test_a_mixed_recipe_is_part_of_the_config_and_its_cache_key(tmp_path: Path) 
     base = QuantizeConfig(backend=Backend.QNN, recipe=Recipe.A16W4_BLOCK, soc="SM8650")
     mixed = QuantizeConfig(
         backend=Backend.QNN, recipe=Recipe.A16W4_BLOCK, soc="SM8650",
-        layer_recipes=({"pattern": "down_proj", "recipe": "16a8w"},),  # type: ignore[arg-type]
+        layer_recipes=(LayerRecipe("down_proj", Recipe.A16W8),),
     )
     assert mixed.layer_recipes == (LayerRecipe("down_proj", Recipe.A16W8),)
     digests = {"prepare": "0" * 64}

@@ -121,11 +121,14 @@ def check_layer_recipes(
         raise ConfigValidationError(where, recipe.value, "does not mix here", allowed=names)
 
 
-def layer_recipe_for(path: str | None, table: Sequence[LayerRecipe]) -> Recipe | None:
-    """The recipe the first entry of `table` matching the module path `path` gives, or None."""
+def first_match(path: str | None, table: Sequence[LayerRecipe]) -> int | None:
+    """The index of the first entry of `table` matching the module path `path`, or None."""
     if path is None:
         return None
-    for entry in table:
-        if re.search(entry.pattern, path):
-            return entry.recipe
-    return None
+    return next((i for i, entry in enumerate(table) if re.search(entry.pattern, path)), None)
+
+
+def layer_recipe_for(path: str | None, table: Sequence[LayerRecipe]) -> Recipe | None:
+    """The recipe the first entry of `table` matching the module path `path` gives, or None."""
+    i = first_match(path, table)
+    return None if i is None else table[i].recipe

@@ -15,6 +15,7 @@ from qnn_common.layer_recipes import (
 )
 from qnn_common.recipes import Backend, Recipe
 from qnn_common.soc import lookup_soc
+from qnn_common.weight_groups import GroupMapping
 
 SM8650, SM8350 = lookup_soc("SM8650"), lookup_soc("SM8350")
 
@@ -75,16 +76,16 @@ def test_cpu_programs_mix_with_fp32_only() -> None:
 def test_the_config_takes_the_table_and_lets_its_lpbq_layers_choose_blocks() -> None:
     cfg = QuantizeConfig(
         backend=Backend.QNN, recipe=Recipe.A16W8, soc="SM8650", block_size=32,
-        group_mapping="asymmetric",  # type: ignore[arg-type]
-        layer_recipes=({"pattern": "q_proj", "recipe": "16a4w_block"},),  # type: ignore[arg-type]
+        group_mapping=GroupMapping.ASYMMETRIC,
+        layer_recipes=(LayerRecipe("q_proj", Recipe.A16W4_BLOCK),),
     )
     assert cfg.layer_recipes == (LayerRecipe("q_proj", Recipe.A16W4_BLOCK),)
     assert cfg.recipes == (Recipe.A16W8, Recipe.A16W4_BLOCK)
     with pytest.raises(ConfigValidationError, match="quantizes weights in blocks"):
         QuantizeConfig(backend=Backend.QNN, recipe=Recipe.A16W8, soc="SM8650", block_size=32)
-    with pytest.raises(ConfigValidationError, match="exactly a pattern and a recipe"):
+    with pytest.raises(ConfigValidationError, match="list of LayerRecipe"):
         QuantizeConfig(backend=Backend.QNN, recipe=Recipe.A16W8, soc="SM8650",
-                       layer_recipes=({"pattern": "q", "recipe": "16a4w", "bits": 4},),  # type: ignore[arg-type]
+                       layer_recipes=("q=16a4w",),  # type: ignore[arg-type]  # wrong on purpose
                        )
     with pytest.raises(ConfigValidationError, match="activations are 8-bit"):
         QuantizeConfig(backend=Backend.QNN, recipe=Recipe.A8W8, soc="SM8650",

@@ -16,19 +16,13 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch.export import ExportedProgram
 
-from qnn_common.config import QuantizeConfig, regex_list
+from qnn_common.config import QuantizeConfig
 from qnn_common.errors import ConfigValidationError
 from qnn_common.layer_recipes import LayerRecipe
-from qnn_common.recipes import Recipe, check_recipe
-from qnn_common.target import Target
+from qnn_common.recipes import Recipe
 from qnn_common.weight_groups import (
-    DEFAULT_EMBEDDING_WEIGHTS,
-    DEFAULT_GROUP_MAPPING,
-    DEFAULT_GROUP_SIZE,
     DEFAULT_INT8_WEIGHTS,
-    EmbeddingWeights,
     GroupMapping,
-    check_group_size,
     default_group_mapping,
 )
 from qnn_quant.calibration import Calibration
@@ -49,24 +43,20 @@ def quantize_dynamic(
 ) -> tuple[dict[str, ExportedProgram], WeightsRecord]:
     """8da4w-quantize `programs` at `cfg` (module docstring); returns the quantized methods and
     the transform's record."""
-    keep_float = dynamic_keep_float(next(iter(programs.values())), cfg.keep_float,
-                                    cfg.layer_recipes)
+    keep_float = tuple(dynamic_keep_float(next(iter(programs.values())), cfg.keep_float,
+                                          cfg.layer_recipes) or ())
+    int8 = DEFAULT_INT8_WEIGHTS if cfg.int8_weights is None else cfg.int8_weights
     scales = None
     if cfg.smooth_blocks and calibration.smoothing is not None and calibration.samples:
         scales = calibration.smoothing(programs, cfg.group_size, four_bit_linears(
-            cfg.group_size, list(keep_float or ()),
-            DEFAULT_INT8_WEIGHTS if cfg.int8_weights is None else list(cfg.int8_weights),
-        ))
+            cfg.group_size, list(keep_float), list(int8)))
     mapping = cfg.group_mapping or default_group_mapping(cfg.recipe)
     out: dict[str, ExportedProgram] = {}
     results: list[IntxResult] = []
     for method in list(programs):
         out[method], result = _quantize_method(
-            programs.pop(method), target=cfg.target, group_size=cfg.group_size,
-            keep_float=keep_float, mapping=mapping, int8_weights=cfg.int8_weights,
-            embedding_weights=cfg.embedding_weights, calibration_samples=calibration.samples,
-            method=method, block_scales=scales,
-            smoothing_texts=min(TEXTS, calibration.samples) if scales else 0,
+            programs.pop(method), method, cfg, keep_float=keep_float, int8_weights=int8,
+            mapping=mapping, block_scales=scales, calibration=calibration,
         )
         results.append(result)
     first = results[0]
@@ -137,40 +127,31 @@ def _log_result(what: str, result: IntxResult, calibration_samples: int) -> None
 
 def _quantize_method(
     ep: ExportedProgram,
+    method: str,
+    cfg: QuantizeConfig,
     *,
-    target: Target,
-    group_size: int = DEFAULT_GROUP_SIZE,
-    keep_float: Sequence[str] | None = None,
-    mapping: GroupMapping = DEFAULT_GROUP_MAPPING,
-    int8_weights: Sequence[str] | None = None,
-    embedding_weights: EmbeddingWeights = DEFAULT_EMBEDDING_WEIGHTS,
-    calibration_samples: int = 0,
-    method: str = "forward",
-    block_scales: Mapping[str, BlockScale] | None = None,
-    smoothing_texts: int = 0,
+    keep_float: Sequence[str],
+    int8_weights: Sequence[str],
+    mapping: GroupMapping,
+    block_scales: Mapping[str, BlockScale] | None,
+    calibration: Calibration,
 ) -> tuple[ExportedProgram, IntxResult]:
     """`ep` with its linears quantized to 8da4w, exported again; and what was done.
 
-    `keep_float`: regexes over module paths of linears to leave float (None: none).
-    `int8_weights`: regexes over module paths of linears given int8 weights (None: the default,
-    a causal LM's output head). `calibration_samples` and `smoothing_texts` (how many of them
-    chose `block_scales`) only feed the log line that says what they were used for. Raises
-    NothingQuantizedError when no linear could be quantized.
+    `keep_float`: regexes over module paths of linears to leave float; `int8_weights`: those
+    given int8 weights (both checked by the config). The calibration's sample count and how many
+    of them chose `block_scales` only feed the log line that says what they were used for.
+    Raises NothingQuantizedError when no linear could be quantized.
     """
-    check_recipe(target.backend, Recipe.A8DW4, target.soc, "quantize.recipe")
-    check_group_size(target.backend, Recipe.A8DW4, group_size, "quantize.group_size")
     gm = ep.module()
-    patterns = regex_list("quantize.keep_float", list(keep_float or ())) or ()
-    int8 = DEFAULT_INT8_WEIGHTS if int8_weights is None else (
-        regex_list("quantize.int8_weights", list(int8_weights)) or ()
-    )
     result = quantize_graph_8da4w(
-        gm, group_size=group_size, keep_float=patterns, mapping=mapping, int8_weights=int8,
-        block_scales=block_scales,
+        gm, group_size=cfg.group_size, keep_float=keep_float, mapping=mapping,
+        int8_weights=int8_weights, block_scales=block_scales,
     )
-    result.smoothing_texts = smoothing_texts
-    result.embeddings = quantize_embeddings(gm, embedding_form(embedding_weights, group_size))
-    _log_result(method, result, calibration_samples)
+    result.smoothing_texts = min(TEXTS, calibration.samples) if block_scales else 0
+    result.embeddings = quantize_embeddings(
+        gm, embedding_form(cfg.embedding_weights, cfg.group_size))
+    _log_result(method, result, calibration.samples)
     if result.quantized == 0:
-        raise NothingQuantizedError(target, Recipe.A8DW4, gm, len(result.kept_float))
+        raise NothingQuantizedError(cfg.target, cfg.recipe, gm, len(result.kept_float))
     return _export(ep, gm), result

@@ -37,8 +37,8 @@ from qnn_common.weight_groups import (
     GroupMapping,
 )
 
-# Imported for their handlers, which they register (qnn_quant.handlers).
-from qnn_quant import dynamic, static  # noqa: F401
+# Imported for their side effect: each registers its handler (qnn_quant.handlers).
+from qnn_quant import dynamic, static  # noqa: F401  # unused names, used modules
 from qnn_quant.calibration import Calibration, program_calibration
 from qnn_quant.handlers import WeightsRecord, handler_for
 

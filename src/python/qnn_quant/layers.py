@@ -42,7 +42,7 @@ import torch
 
 from qnn_common.config import regex_list
 from qnn_common.errors import ConfigValidationError
-from qnn_common.layer_recipes import LayerRecipe, layer_recipe_for
+from qnn_common.layer_recipes import LayerRecipe, first_match, layer_recipe_for
 from qnn_common.recipes import BACKENDS, Backend, Recipe, check_dynamic_layers
 from qnn_common.target import Target
 from qnn_common.weight_groups import DEFAULT_INT8_WEIGHTS
@@ -188,16 +188,15 @@ def layer_recipe_record(
     """What each entry of the per-layer table took, for the manifest: its pattern and recipe, and
     the module paths of the op nodes of `graphs` it is the first match for (at most `limit`
     listed, all counted)."""
+    if not table:
+        return []
     taken: dict[int, set[str]] = {i: set() for i in range(len(table))}
     for graph in graphs:
         for node in graph.nodes:
             path = module_path(node) if node.op == "call_function" else None
-            if path is None:
-                continue
-            for i, entry in enumerate(table):
-                if re.search(entry.pattern, path):
-                    taken[i].add(path)
-                    break
+            i = first_match(path, table)
+            if i is not None and path is not None:
+                taken[i].add(path)
     return [
         {"pattern": entry.pattern, "recipe": entry.recipe.value,
          "layers": len(taken[i]), "module_paths": sorted(taken[i])[:limit]}
@@ -215,7 +214,7 @@ def _check_float_linears_lower(
     float one between fixed-point tensors: the op is neither delegated nor decomposed and the
     compile fails. Other float ops only run on the CPU, outside the HTP graph (compile warns).
     """
-    if target.backend is not Backend.QNN:
+    if target.backend is not Backend.QNN or not floats:
         return
     linears = [
         module_path(n) or n.name for n in gm.graph.nodes

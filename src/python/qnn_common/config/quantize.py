@@ -189,24 +189,13 @@ class QuantizeConfig:
         return Target(self.backend, self.soc_info)
 
 
-
 def _layer_recipes(value: object) -> tuple[LayerRecipe, ...]:
-    """`value` as the table: LayerRecipe entries, or {pattern, recipe} tables (TOML, JSON)."""
-    if not isinstance(value, list | tuple):
+    """`value` as the table, a tuple of LayerRecipe (a TOML file's `{pattern, recipe}` tables
+    become LayerRecipe in the pipeline's config reader, `qnn_pipeline.context`)."""
+    if not isinstance(value, list | tuple) or not all(isinstance(e, LayerRecipe) for e in value):
         raise ConfigValidationError(
             "quantize.layer_recipes", value,
-            "must be a list of {pattern, recipe} tables (or LayerRecipe)",
+            "must be a list of LayerRecipe(pattern, recipe) entries, e.g. "
+            "(LayerRecipe(r'layers\\.0\\.', Recipe.A16W8),)",
         )
-    entries = []
-    for item in value:
-        if isinstance(item, LayerRecipe):
-            entries.append(item)
-        elif isinstance(item, dict) and set(item) == {"pattern", "recipe"}:
-            entries.append(LayerRecipe(item["pattern"], item["recipe"]))
-        else:
-            raise ConfigValidationError(
-                "quantize.layer_recipes", item,
-                "each entry is a table with exactly a pattern and a recipe, e.g. "
-                "{ pattern = 'layers\\.0\\.', recipe = \"16a8w\" }",
-            )
-    return tuple(entries)
+    return tuple(value)
