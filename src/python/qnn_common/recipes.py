@@ -7,7 +7,9 @@ here always tests `recipe is None`, never truthiness.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -179,13 +181,22 @@ def check_dynamic_layers(
     (XNNPACK's qd8 GEMMs, portable's choose_qparams kernel). The HTP fixes every scale when its
     context binary is built, so QNN has none.
     """
-    if patterns and backend is Backend.QNN:
+    if patterns and not BACKENDS[backend].dynamic_activations:
         raise ConfigValidationError(
             field, list(patterns),
             "the qnn backend fixes every activation scale when the HTP context is built and has "
             "no run-time (dynamic) quantization; leave dynamic_layers empty, and for layers "
             "with outliers use 16-bit activations (16a8w)",
         )
+
+
+@dataclass(frozen=True)
+class GroupSizeRule:
+    """A backend's rule on 8da4w weight-group sizes: groups a multiple of `multiple` input
+    channels, and what to say (and suggest) when a size breaks it."""
+
+    multiple: int
+    why: str
 
 
 @dataclass(frozen=True)
@@ -207,6 +218,28 @@ class BackendTraits:
     # between the delegate's partitions of every layer.
     llm_custom_ops: bool
     runtime_id: str | None  # the delegate id a .pte names it by (None: no delegate)
+    # Compiled for the SoC's HTP arch: a recipe's `HtpFloor` applies, and the HTP's build
+    # options (`CompileConfig.htp_performance_mode`) mean something.
+    compiles_for_htp: bool = False
+    # Methods of one program may share one copy of their weights inside the delegate's context
+    # (QNN weight sharing, `check_weight_sharing`); elsewhere a program already stores a weight
+    # its methods share once.
+    weight_sharing: bool = False
+    # A causal LM's decoder layers may be split into several delegate contexts
+    # (`CompileConfig.num_shards`): what keeps each HTP context under the device's limit.
+    context_shards: bool = False
+    # A quantized program may leave layers in float (run on the CPU kernels between
+    # partitions). The HTP's program must run whole, and a float linear between fixed-point
+    # tensors cannot lower at all (no float FullyConnected there): nothing is left float by
+    # default, and a float linear is refused (`qnn_quant.layers`).
+    float_layers_in_quantized: bool = True
+    # Its program runs on this host through an emulator (QNN's HTP emulator on x86), orders
+    # slower than the CPU runs the references: an evaluation gives it a budget of its own.
+    emulated_on_host: bool = False
+    # 8da4w's weight-group sizes its kernels take (None: any size).
+    group_size_rule: GroupSizeRule | None = None
+    # Why it cannot run one recipe in particular, and what to pick instead: said before `hint`.
+    refusals: Mapping[Recipe, str] = dataclasses.field(default_factory=dict)
     # A prompt's rest after its whole prefill windows, if at most this many tokens, goes a token
     # at a time through decode rather than through one padded prefill window. A rule of the
     # backend, not a timing: the two ways round differently, and a near tie they tip must tip the
@@ -222,6 +255,11 @@ BACKENDS: dict[Backend, BackendTraits] = {
         "(int8 activations per token at run time, 4-bit grouped weights)",
         float_recipe=Recipe.FP32, needs_soc=False, dynamic_activations=True,
         mutable_buffers=True, llm_custom_ops=True, runtime_id="XnnpackBackend",
+        # Measured: ExecuTorch 1.5.1's XNNPACK lowering asserts "requires group_size to be a
+        # multiple of 32" for 8, 16 and 48; 32 and 64 lower and run.
+        group_size_rule=GroupSizeRule(
+            32, "XNNPACK's blockwise 4-bit kernels take groups that are a multiple of 32 input "
+            "channels; use 32 (the default), 64, 128 ... (portable takes any size)"),
         # A CPU's prefill window reuses each weight across its tokens, so a 32-token window costs
         # five to eight decode steps on the x86 hosts measured (docs/llm.md); four steps is below
         # that on each, so the rule never costs time where it saves some.
@@ -245,25 +283,21 @@ BACKENDS: dict[Backend, BackendTraits] = {
         mutable_buffers=False, llm_custom_ops=False, runtime_id="QnnBackend",
         # The HTP (and its emulator) runs a prefill window in about the time of one decode step.
         prompt_rest_decode_up_to=1,
-    ),
-}
-
-
-# Why a backend cannot run one recipe in particular, and what to pick instead: said before the
-# backend's general hint.
-_REFUSALS: dict[tuple[Backend, Recipe], str] = {
-    (Backend.QNN, Recipe.A8DW4): (
-        "8da4w chooses each activation scale per token at run time, and the HTP fixes every "
-        "scale when its context binary is built (it has no run-time quantization); for 4-bit "
-        "weights on qnn use 16a4w (calibrated static 16-bit activations), or 16a4w_block on "
-        "V69+; 8da4w is a recipe of the xnnpack and portable backends"
+        compiles_for_htp=True, weight_sharing=True, context_shards=True,
+        float_layers_in_quantized=False, emulated_on_host=True,
+        refusals={Recipe.A8DW4: (
+            "8da4w chooses each activation scale per token at run time, and the HTP fixes every "
+            "scale when its context binary is built (it has no run-time quantization); for 4-bit "
+            "weights on qnn use 16a4w (calibrated static 16-bit activations), or 16a4w_block on "
+            "V69+; 8da4w is a recipe of the xnnpack and portable backends"
+        )},
     ),
 }
 
 def recipes_for(backend: Backend, soc: Soc | None = None) -> tuple[Recipe, ...]:
     """The recipes `backend` (on `soc`, for QNN) can run."""
     allowed = BACKENDS[backend].recipes
-    if backend is Backend.QNN and soc is not None:
+    if BACKENDS[backend].compiles_for_htp and soc is not None:
         allowed = tuple(
             r
             for r in allowed
@@ -279,14 +313,14 @@ def check_recipe(backend: Backend, recipe: Recipe, soc: Soc | None, field: str =
             "soc", None, f"the {backend.value} backend compiles for one SoC; pass one (e.g. SM8650)"
         )
     if recipe not in BACKENDS[backend].recipes:
-        why = _REFUSALS.get((backend, recipe), BACKENDS[backend].hint)
+        why = BACKENDS[backend].refusals.get(recipe, BACKENDS[backend].hint)
         raise ConfigValidationError(
             field,
             recipe.value,
             f"backend {backend.value} cannot run it: {why}",
             allowed=tuple(r.value for r in recipes_for(backend, soc)),
         )
-    floor = recipe.traits.htp_floor if backend is Backend.QNN else None
+    floor = recipe.traits.htp_floor if BACKENDS[backend].compiles_for_htp else None
     if floor is not None and soc is not None and soc.htp_arch < floor.arch:
         suggestion = "16a4w is the suggested baseline on older HTP"
         raise ConfigValidationError(
@@ -306,7 +340,7 @@ WEIGHT_SHARING_MIN_ARCH = HtpArch.V73
 
 def check_weight_sharing(backend: Backend, soc: Soc | None, field: str = "weight_sharing") -> None:
     """Refuse QNN weight sharing where it cannot be built, saying why."""
-    if backend is not Backend.QNN:
+    if not BACKENDS[backend].weight_sharing:
         raise ConfigValidationError(
             field, True,
             f"weight sharing is a QNN context feature; {backend.value} programs already store "

@@ -7,15 +7,13 @@ from __future__ import annotations
 import enum
 
 from qnn_common.errors import ConfigValidationError
-from qnn_common.recipes import Backend, Recipe, WeightGroups
+from qnn_common.recipes import BACKENDS, Backend, Recipe, WeightGroups
 
 # 8da4w: input channels per weight scale. 32 is what ExecuTorch's LLM export
 # (extension/llm/export/quantize.py) and optimum-executorch default to; upstream's older
 # `export_llama -qmode 8da4w` falls back to 128, which does not divide SmolLM2's hidden size of
 # 576 (those projections would stay float).
 DEFAULT_GROUP_SIZE = 32
-# XNNPACK's blockwise 4-bit GEMMs take blocks that are a multiple of 32 channels.
-GROUP_SIZE_MULTIPLE = 32
 
 
 class GroupMapping(enum.StrEnum):
@@ -84,13 +82,9 @@ def check_group_size(
             f"8da4w weight groups are a number of input channels, at least 2; the default is "
             f"{DEFAULT_GROUP_SIZE}",
         )
-    if backend is Backend.XNNPACK and group_size % GROUP_SIZE_MULTIPLE:
-        # Measured: ExecuTorch 1.5.1's XNNPACK lowering asserts "requires group_size to be a
-        # multiple of 32" for 8, 16 and 48; 32 and 64 lower and run.
+    rule = BACKENDS[backend].group_size_rule
+    if rule is not None and group_size % rule.multiple:
         raise ConfigValidationError(
             field, group_size,
-            f"XNNPACK's blockwise 4-bit kernels take groups that are a multiple of "
-            f"{GROUP_SIZE_MULTIPLE} input channels; use {DEFAULT_GROUP_SIZE} (the default), 64, "
-            "128 ... (portable takes any size); a linear whose input size the group does not "
-            "divide stays float",
+            f"{rule.why}; a linear whose input size the group does not divide stays float",
         )

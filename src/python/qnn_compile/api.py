@@ -17,7 +17,7 @@ from qnn_common.cache_keys import cache_key, code_version
 from qnn_common.config import CompileConfig, Stage
 from qnn_common.errors import ConfigValidationError
 from qnn_common.manifest import Manifest, ProgramRecord
-from qnn_common.recipes import Backend
+from qnn_common.recipes import BACKENDS, Backend
 from qnn_common.sealing import seal_stage
 from qnn_common.stages import (
     DEFAULT_METHOD,
@@ -109,7 +109,7 @@ def _check_matches_upstream(source: Path, cfg: CompileConfig, upstream: Manifest
             raise ConfigValidationError(
                 "compile.recipe", cfg.recipe.value,
                 "the source is a float (prepared) program; quantize it first, or compile "
-                + ("fp16" if cfg.backend is Backend.QNN else "fp32"),
+                + BACKENDS[cfg.backend].float_recipe.value,
             )
         return
     target, recipe = quantized_for(source, upstream)

@@ -18,12 +18,10 @@ from pathlib import Path
 
 from qnn_common.errors import ArtifactError
 from qnn_common.manifest import Manifest
-from qnn_common.recipes import Backend
+from qnn_common.recipes import BACKENDS
 from qnn_common.stages import PTE, compiled_for
 from qnn_infer.pte import program_contents
 
-# ExecuTorch's backend id for each backend's delegates (portable has none).
-BACKEND_IDS = {Backend.XNNPACK: "XnnpackBackend", Backend.QNN: "QnnBackend"}
 # The operator namespace of quantize / dequantize kernels outside any delegate.
 _QUANTIZED_KERNELS = "quantized_decomposed::"
 
@@ -34,7 +32,7 @@ def check_program_matches(artifact: Path, manifest: Manifest) -> None:
     target, recipe = compiled_for(artifact, manifest)
     delegates, operators = program_contents(pte)
     found = sorted({backend_id for ids in delegates.values() for backend_id in ids})
-    expected = BACKEND_IDS.get(target.backend)
+    expected = BACKENDS[target.backend].runtime_id
     metrics = manifest.metrics
     problems = []
     size, recorded = pte.stat().st_size, metrics.get("pte_bytes")
@@ -48,9 +46,10 @@ def check_program_matches(artifact: Path, manifest: Manifest) -> None:
     if expected is not None and isinstance(delegated, int) and delegated > 0 and not found:
         problems.append(f"it holds no {expected} delegate, the manifest records {delegated} "
                         "delegated ops")
-    # A static recipe's portable program calls the quantized_decomposed kernels, a float one
-    # none; 8da4w's affine ops decompose into plain ATen ops, so its program shows nothing here.
-    if target.backend is Backend.PORTABLE and not recipe.is_dynamic:
+    # Without a delegate every op runs on the kernels: a static recipe's program calls the
+    # quantized_decomposed kernels, a float one none; 8da4w's affine ops decompose into plain
+    # ATen ops, so its program shows nothing here.
+    if expected is None and not recipe.is_dynamic:
         calls_quantized = any(op.startswith(_QUANTIZED_KERNELS) for op in operators)
         if calls_quantized != recipe.is_quantized:
             problems.append(f"it {'calls' if calls_quantized else 'has no'} quantized kernels, "

@@ -17,7 +17,7 @@ from qnn_common.config import Stage
 from qnn_common.errors import ConfigValidationError
 from qnn_common.gates import EvalGates
 from qnn_common.llm import GenerationConfig
-from qnn_common.recipes import Backend, Recipe
+from qnn_common.recipes import BACKENDS, Backend, Recipe
 from qnn_common.store.atomic import atomic_write_text
 from qnn_infer.evaluation.data import shipped, with_eval_file
 from qnn_infer.evaluation.harness import SLOW_PROGRAM, Suite, evaluate
@@ -78,8 +78,8 @@ def run_evaluation(
         models = [replace(m, prompt_decode_up_to=program.prompt_decode_up_to) for m in models]
         models.append(program)
         text = artifact_text(dirs[Stage.COMPILE], program)
-        # The HTP emulator runs a program orders slower than the CPU runs the references.
-        slow = {"program": SLOW_PROGRAM} if backend is Backend.QNN else {}
+        # An emulated program (the HTP emulator) runs orders slower than the CPU references.
+        slow = {"program": SLOW_PROGRAM} if BACKENDS[backend].emulated_on_host else {}
         log.info("evaluation (%s): %s", request.suite.name, ", ".join(m.name for m in models))
         with native_noise_filtered():
             evaluation = evaluate(models, data, request.suite, text, slow, taps)

@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from qnn_common.config import Stage
 from qnn_common.errors import ConfigValidationError, PipelineError
-from qnn_common.recipes import Backend, Recipe
+from qnn_common.recipes import BACKENDS, Backend, Recipe
 from qnn_pipeline.context import PipelineContext, pipeline_from_mapping
 
 log = logging.getLogger(__name__)
@@ -122,7 +122,7 @@ def cells_of(matrix: Matrix) -> list[Cell]:
     for model in matrix.models:
         for backend in matrix.backends:
             socs: Sequence[str | None] = (
-                (matrix.socs or (None,)) if backend is Backend.QNN else (None,)
+                (matrix.socs or (None,)) if BACKENDS[backend].needs_soc else (None,)
             )
             for soc in socs:
                 cells.extend(Cell(model, backend, recipe, soc) for recipe in matrix.recipes)

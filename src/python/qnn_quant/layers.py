@@ -43,7 +43,7 @@ import torch
 from qnn_common.config import regex_list
 from qnn_common.errors import ConfigValidationError
 from qnn_common.layer_recipes import LayerRecipe, first_match, layer_recipe_for
-from qnn_common.recipes import BACKENDS, Backend, Recipe, check_dynamic_layers
+from qnn_common.recipes import BACKENDS, Recipe, check_dynamic_layers
 from qnn_common.target import Target
 from qnn_common.weight_groups import DEFAULT_INT8_WEIGHTS
 
@@ -67,7 +67,7 @@ _DYNAMIC_OPS = (torch.ops.aten.linear.default,)
 
 def default_keep_float(target: Target, recipe: Recipe) -> tuple[str, ...]:
     """The layers left in float when the caller names none (the module docstring says why)."""
-    if recipe.activation_bits != 8 or target.backend is Backend.QNN:
+    if recipe.activation_bits != 8 or not BACKENDS[target.backend].float_layers_in_quantized:
         return ()
     return OUTLIER_LAYERS + RESIDUAL_STREAM
 
@@ -214,7 +214,7 @@ def _check_float_linears_lower(
     float one between fixed-point tensors: the op is neither delegated nor decomposed and the
     compile fails. Other float ops only run on the CPU, outside the HTP graph (compile warns).
     """
-    if target.backend is not Backend.QNN or not floats:
+    if BACKENDS[target.backend].float_layers_in_quantized or not floats:
         return
     linears = [
         module_path(n) or n.name for n in gm.graph.nodes

@@ -7,7 +7,7 @@ from typing import Literal
 
 from qnn_common.config.checks import normalize_enums, soc_or_none
 from qnn_common.errors import ConfigValidationError
-from qnn_common.recipes import Backend, Recipe, check_recipe, check_weight_sharing
+from qnn_common.recipes import BACKENDS, Backend, Recipe, check_recipe, check_weight_sharing
 from qnn_common.soc import Soc
 from qnn_common.target import Target
 
@@ -53,7 +53,7 @@ class CompileConfig:
                 "compile.num_shards", self.num_shards,
                 f'must be an integer in 1..{MAX_SHARDS}, or "auto"',
             )
-        if self.num_shards != 1 and self.backend is not Backend.QNN:
+        if self.num_shards != 1 and not BACKENDS[self.backend].context_shards:
             raise ConfigValidationError(
                 "compile.num_shards", self.num_shards,
                 f"only the qnn backend splits a program into HTP contexts; {self.backend.value} "
@@ -75,7 +75,7 @@ class CompileConfig:
                 "unknown HTP performance mode", allowed=HTP_PERFORMANCE_MODES,
             )
         default_mode = self.htp_performance_mode == DEFAULT_HTP_PERFORMANCE_MODE
-        if not default_mode and self.backend is not Backend.QNN:
+        if not default_mode and not BACKENDS[self.backend].compiles_for_htp:
             raise ConfigValidationError(
                 "compile.htp_performance_mode", self.htp_performance_mode,
                 "only the qnn backend has HTP performance modes",
