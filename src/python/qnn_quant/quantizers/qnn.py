@@ -21,6 +21,7 @@ from qnn_common.errors import ConfigValidationError
 from qnn_common.llm_spec import MASK_VALUE
 from qnn_common.recipes import RECIPES, Recipe, WeightGroups
 from qnn_quant.quantizers import lpbq
+from qnn_quant.quantizers.backend import QuantBackend
 from qnn_quant.quantizers.spec import QuantizerSpec
 
 # Recipe -> QuantDtype member name (`RecipeTraits.qnn_dtype`). Looked up by name and tested with
@@ -243,3 +244,16 @@ def quantizer(spec: QuantizerSpec, gm: torch.fx.GraphModule) -> Any:
         upstream_transform(_integer_casts_as_adds(gm))
     )
     return quantizer
+
+
+BACKEND = QuantBackend(
+    quantizer=quantizer,
+    # The HTP fixes every scale when its context is built: no dynamic layers to fake-quantize.
+    dynamic_scale_per_row=False,
+    # `affine_grid_generator` has no QNN annotation, so it stayed float and edge conversion
+    # decomposed it after quantization; its last transpose then carried the next quantize's
+    # encoding with a float input, which QNN's op validation refuses (a CPU island between two
+    # partitions). Decomposed first, its matmul and views are annotated like any others, and
+    # the base grid it builds from literals is folded at compile (qnn_compile.constant_subgraphs).
+    decomposed_before_annotation=(torch.ops.aten.affine_grid_generator.default,),
+)

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from qnn_quant.quantizers.backend import QuantBackend
 from qnn_quant.quantizers.spec import QuantizerSpec
 
 
@@ -118,3 +119,7 @@ def _with_dynamic_linears(static: Any, spec: QuantizerSpec) -> Any:
     # ComposableQuantizer runs every member's transform; the stock one has the scalar bug.
     composed.transform_for_annotation = _float_scalars_to_attrs
     return composed
+
+
+# XNNPACK's qd8 GEMMs choose a dynamically quantized activation's scale per row (per token).
+BACKEND = QuantBackend(quantizer=quantizer, dynamic_scale_per_row=True)
