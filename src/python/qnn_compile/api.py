@@ -17,7 +17,7 @@ from qnn_common.cache_keys import cache_key, code_version
 from qnn_common.config import CompileConfig, Stage
 from qnn_common.errors import ConfigValidationError
 from qnn_common.manifest import Manifest, ProgramRecord
-from qnn_common.recipes import BACKENDS, Backend
+from qnn_common.recipes import BACKENDS
 from qnn_common.sealing import seal_stage
 from qnn_common.stages import (
     DEFAULT_METHOD,
@@ -32,7 +32,7 @@ from qnn_common.stages import (
 from qnn_common.store.artifact_dir import begin_artifact
 from qnn_common.store.hashing import sha256_file
 from qnn_common.torchio.programs import load_methods
-from qnn_compile.backends import lowering_for
+from qnn_compile.backends import lowering_for, toolchain_digests
 from qnn_compile.context_cache import one_context_per_method
 from qnn_compile.lower import lower_program
 from qnn_compile.shard_sizes import plan_shards
@@ -54,16 +54,6 @@ def _source(inp: CompileInput) -> tuple[dict[str, Path], Manifest | None]:
     return {DEFAULT_METHOD: inp.source.path}, None
 
 
-def _toolchain_digests(cfg: CompileConfig) -> dict[str, str]:
-    """Tools outside the Python stack that shape the .pte: for QNN, the SDK that compiles it."""
-    if cfg.backend is not Backend.QNN:
-        return {}
-    from qnn_common.qnn_sdk import find_qnn_sdk
-
-    sdk = find_qnn_sdk()
-    return {"qnn_sdk": f"{sdk.qnn_version}|{sdk.build_id}|bridged={sdk.bridged}"}
-
-
 def _input_digests(config: CompileConfig, source: Artifact) -> dict[str, str]:
     """What the cache key and the sealed manifest's inputs cover, one rule for both: the
     upstream manifest's identity digest, or a bare .pt2's sha256; plus the toolchain's."""
@@ -72,7 +62,7 @@ def _input_digests(config: CompileConfig, source: Artifact) -> dict[str, str]:
         digests = {upstream.stage: upstream.identity_digest()}
     else:
         digests = {"program": sha256_file(source.path)}
-    return {**digests, **_toolchain_digests(config)}
+    return {**digests, **toolchain_digests(config.backend)}
 
 
 def compile_cache_key(config: CompileConfig, source: Artifact) -> str:

@@ -20,8 +20,6 @@ from qnn_common.artifact import Artifact
 from qnn_common.config import QuantizeConfig, Stage
 from qnn_common.errors import ArtifactError, ConfigValidationError, PipelineError, StageError
 from qnn_common.manifest import MANIFEST_NAME, Manifest
-from qnn_common.qnn_sdk import check_compatible, find_qnn_sdk
-from qnn_common.recipes import Backend
 from qnn_common.sealing import load_manifest
 from qnn_common.stages import (
     CONTEXT_CACHE_DIR,
@@ -33,6 +31,7 @@ from qnn_common.stages import (
 from qnn_common.store.artifact_dir import cleans_up_artifacts
 from qnn_common.store.artifact_lock import acquire_artifact_lock, release_artifact_lock
 from qnn_compile.api import compile_cache_key, run_compile
+from qnn_compile.backends import preflight
 from qnn_infer.api import infer_cache_key, run_infer
 from qnn_infer.device import check_device_ready
 from qnn_infer.evaluation.report import EvalGateError
@@ -202,12 +201,9 @@ def run_pipeline(
     of those gates sets `eval_failure`.
     """
     first = start_of(from_artifact) if from_artifact is not None else Stage.PREPARE
-    if ctx.backend is Backend.QNN:
-        # Before any stage runs: a missing or skewed QNN SDK must not cost a prepare + quantize.
-        sdk = find_qnn_sdk()
-        check_compatible(sdk)
-        log.info("QNN %s at %s%s", sdk.qnn_version, sdk.root,
-                 " (x86 dev SDK, bridged)" if sdk.bridged else "")
+    # Before any stage runs: a host without the backend's toolchain (QNN: a missing or skewed
+    # SDK) must not cost a prepare + quantize.
+    preflight(ctx.backend)
     if Stage.INFER not in ctx.skip and ctx.stop_after in (None, Stage.INFER):
         check_device_ready(ctx.infer)  # no adb or device must not cost three stages first
     generation = ctx.infer.generation

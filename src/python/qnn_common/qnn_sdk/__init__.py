@@ -11,7 +11,7 @@ Two kinds of SDK are used:
 The order of the calls matters and `activate` enforces it; `ready_qnn_sdk()` makes them::
 
     sdk = find_qnn_sdk()
-    check_compatible(sdk)
+    check_compatible(sdk)   # these two: `preflight_qnn_sdk()`, what every QNN step calls
     activate(sdk)       # before any ExecuTorch QNN compile or QNN program run in this process
 
 `qnn-sdk-setup` (`main`) assembles the dev SDK ahead of time and prints where it is.
@@ -22,7 +22,7 @@ versions the libraries report), `compat` (version skew), `activation` (loading i
 process), `cli` (`qnn-sdk-setup`), `layout` and `versions` (the paths and versions they share).
 """
 
-from qnn_common.qnn_sdk.activation import activate, ready_qnn_sdk
+from qnn_common.qnn_sdk.activation import activate, preflight_qnn_sdk, ready_qnn_sdk
 from qnn_common.qnn_sdk.cli import main
 from qnn_common.qnn_sdk.compat import check_compatible
 from qnn_common.qnn_sdk.layout import (
@@ -47,5 +47,6 @@ __all__ = [
     "dev_sdk_cache_dir",
     "find_qnn_sdk",
     "main",
+    "preflight_qnn_sdk",
     "ready_qnn_sdk",
 ]

@@ -23,11 +23,20 @@ _active_root: Path | None = None
 _preloaded: list[ctypes.CDLL] = []
 
 
+def preflight_qnn_sdk() -> QnnSdk:
+    """The SDK this process would use, found and checked against ExecuTorch, nothing loaded:
+    the one place every QNN step finds it (a pipeline's check before any stage, the compile's
+    toolchain digest, and `ready_qnn_sdk`). Raises BackendNotAvailableError saying what is
+    missing and what to do."""
+    sdk = find_qnn_sdk()
+    check_compatible(sdk)
+    return sdk
+
+
 def ready_qnn_sdk() -> QnnSdk:
     """The SDK this process uses, found, checked against ExecuTorch and activated, in the order
     that requires: what a QNN compile or a QNN program run needs first."""
-    sdk = find_qnn_sdk()
-    check_compatible(sdk)
+    sdk = preflight_qnn_sdk()
     activate(sdk)
     return sdk
 

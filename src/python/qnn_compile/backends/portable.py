@@ -6,6 +6,7 @@ import torch
 from torch.export import ExportedProgram
 
 from qnn_common.config import CompileConfig
+from qnn_compile.backends.backend import CompileBackend
 from qnn_compile.backends.lowering import BackendLowering
 
 # The affine quantize ops of torchao's quantized tensors (8da4w: qnn_quant.intx). The runtime
@@ -48,3 +49,6 @@ def lowering(config: CompileConfig) -> BackendLowering:
         aten_passes=(decompose_torchao_affine_ops,),
         record=config.target.record(),
     )
+
+
+BACKEND = CompileBackend(lowering=lowering)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 from collections.abc import Iterator
 from importlib.metadata import version
 from typing import Any
@@ -25,14 +26,17 @@ from torch.export import ExportedProgram
 
 from qnn_common.config import HTP_PERFORMANCE_MODES, CompileConfig
 from qnn_common.errors import ConfigValidationError
-from qnn_common.qnn_sdk import ready_qnn_sdk
+from qnn_common.qnn_sdk import preflight_qnn_sdk, ready_qnn_sdk
 from qnn_common.recipes import Recipe
+from qnn_compile.backends.backend import CompileBackend
 from qnn_compile.backends.lowering import BackendLowering
 from qnn_compile.constant_subgraphs import folding_pass
 from qnn_compile.context_cache import ContextCache, building_contexts, one_context_per_method
 from qnn_compile.int_casts import keep_code_casts_on_cpu, truncation_pass
 from qnn_compile.shards import FALLBACK_OP, ShardLayers
 from qnn_compile.shared_constants import sharing_weights_with_qnn
+
+log = logging.getLogger(__name__)
 
 _POOLS = ("max_pool2d", "max_pool2d_with_indices", "avg_pool2d")
 
@@ -174,3 +178,20 @@ def lowering(config: CompileConfig) -> BackendLowering:
             "qnn_sdk": sdk.record(),
         },
     )
+
+
+def toolchain_digests() -> dict[str, str]:
+    """The QNN SDK that compiles the program: its version and build shape the context binary."""
+    sdk = preflight_qnn_sdk()
+    return {"qnn_sdk": f"{sdk.qnn_version}|{sdk.build_id}|bridged={sdk.bridged}"}
+
+
+def preflight() -> None:
+    """Before any stage runs: a missing or skewed QNN SDK must not cost a prepare + quantize."""
+    sdk = preflight_qnn_sdk()
+    log.info("QNN %s at %s%s", sdk.qnn_version, sdk.root,
+             " (x86 dev SDK, bridged)" if sdk.bridged else "")
+
+
+BACKEND = CompileBackend(lowering=lowering, toolchain_digests=toolchain_digests,
+                         preflight=preflight)

@@ -30,6 +30,7 @@ import torch
 from torch.export import ExportedProgram
 
 from qnn_common.config import CompileConfig
+from qnn_compile.backends.backend import CompileBackend
 from qnn_compile.backends.lowering import BackendLowering
 from qnn_compile.progress import logged_partitioner, logging_partitions
 from qnn_compile.shared_constants import sharing_weights_with_xnnpack
@@ -176,3 +177,6 @@ def lowering(config: CompileConfig) -> BackendLowering:
         context=lambda: _logged_and_skipping(XnnpackBackend),
         record=config.target.record(),
     )
+
+
+BACKEND = CompileBackend(lowering=lowering)
