@@ -1,8 +1,6 @@
-"""Choosing what an Android device run needs: the runner binary and, for QNN, the device libraries.
-
-A QNN program on a phone needs the SDK's Android build of the QNN libraries (libQnnHtp.so,
-libQnnSystem.so, the HTP stub for the SoC's arch) and the Hexagon skel library for that arch. They
-come from a Qualcomm SDK (QNN_SDK_ROOT); the project's x86 development SDK has none of them.
+"""Choosing what an Android device run needs: the runner binary and the libraries each backend
+pushes beside the program (`InferBackend.device_libs`: for QNN, the SDK's Android and Hexagon
+libraries, `qnn_infer.backends.qnn`).
 """
 
 from __future__ import annotations
@@ -22,9 +20,10 @@ from qnn_common.config import InferConfig, Stage
 from qnn_common.errors import ArtifactError, BackendNotAvailableError, StageError
 from qnn_common.recipes import Backend
 from qnn_common.soc import HtpArch
+from qnn_infer.backends import INFER_BACKENDS
+from qnn_infer.backends.runtime import RuntimeInfo
 from qnn_infer.pte import check_pte_header
 from qnn_infer.runner import TensorSpec, pick_user_outputs, tensor_spec
-from qnn_infer.runtimes import RuntimeInfo
 
 _STAGE = Stage.INFER
 
@@ -261,18 +260,6 @@ def _decode_raw(data: bytes, spec: TensorSpec | None, index: int) -> torch.Tenso
     return flat  # a dynamic shape smaller than its bound: the raw file does not say which
 
 
-def qnn_device_libs(sdk_root: Path, arch: HtpArch) -> list[Path]:
-    """The QNN SDK files a device run of an HTP program needs, for HTP `arch` (e.g. V75)."""
-    v = arch.name.lower()  # "v75"
-    android = sdk_root / "lib" / "aarch64-android"
-    return [
-        android / "libQnnHtp.so",
-        android / "libQnnSystem.so",
-        android / f"libQnnHtp{arch.name}Stub.so",
-        sdk_root / "lib" / f"hexagon-{v}" / "unsigned" / f"libQnnHtp{arch.name}Skel.so",
-    ]
-
-
 def device_runner(
     pte: Path, cfg: InferConfig, backends: set[Backend], runtime: RuntimeInfo,
     arch: HtpArch | None = None,
@@ -284,18 +271,10 @@ def device_runner(
     assert cfg.device is not None
     libs: list[Path] = []
     problems: list[str] = []
-    if Backend.QNN in backends:
-        if runtime.qnn_bridged or runtime.qnn_sdk_root is None:
-            problems.append(
-                "the QNN libraries built for Android and Hexagon, which only a Qualcomm SDK "
-                "ships (the project's x86 development SDK emulates the HTP on this host and has "
-                "none); set QNN_SDK_ROOT to a QNN SDK matching executorch's (2.37)"
-            )
-        elif arch is None:
-            problems.append("the program's HTP arch (run infer on a compile artifact, not a .pte)")
-        else:
-            libs = qnn_device_libs(runtime.qnn_sdk_root, arch)
-            problems += [f"{lib} (from the QNN SDK)" for lib in libs if not lib.is_file()]
+    for backend in sorted(backends):
+        found, missing = INFER_BACKENDS[backend].device_libs(runtime, arch)
+        libs += found
+        problems += missing
     try:
         runner = DeviceRunner(
             pte,

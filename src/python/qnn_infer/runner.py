@@ -27,6 +27,7 @@ from qnn_common.errors import (
     PipelineError,
     StageError,
 )
+from qnn_infer.backends import BY_RUNTIME_ID, INFER_BACKENDS
 from qnn_infer.deadline import bound_for, bounded
 from qnn_infer.pte import check_pte_header, user_output_count
 from qnn_infer.runtimes import host_runtime
@@ -294,13 +295,11 @@ class HostRunner:
                 f"{self.pte_path} needs what this executorch runtime lacks ({'; '.join(parts)}); "
                 "lower it for a backend this runtime has, or use a runtime built with them"
             )
-        if "QnnBackend" in backends:
-            return BackendNotAvailableError(
-                f"{self.pte_path} holds a QNN delegate and the QNN backend failed to start "
-                f"({exc}); it needs the QNN libraries loaded first: qnn-infer does that, and "
-                "library callers call qnn_infer.runtimes.prepare_runtime({Backend.QNN}) (the "
-                "SDK from QNN_SDK_ROOT, or the project's x86 development SDK)"
-            )
+        for backend_id in sorted(backends):
+            backend = BY_RUNTIME_ID.get(backend_id)
+            explain = None if backend is None else INFER_BACKENDS[backend].start_failure
+            if explain is not None:
+                return BackendNotAvailableError(explain(self.pte_path, exc))
         # The file passed the header checks, so this is the runtime or a delegate refusing to
         # start (e.g. a backend's init failing), not a corrupt artifact.
         return StageError(

@@ -1,29 +1,24 @@
-"""Per-backend runtime preparation: what must happen in this process before a program loads.
+"""The host runtime: what must happen in this process before a program loads.
 
-XNNPACK and portable kernels are linked into ExecuTorch's Python runtime and need nothing. A QNN
-delegate needs the QNN libraries loaded (libQnnHtp.so, libQnnSystem.so): on x86 they run the HTP
-emulator. The target comes from the compile manifest; for a bare .pte, from the delegates the
-program names.
+What each backend needs is its `InferBackend` (`qnn_infer.backends`): XNNPACK and portable
+kernels are linked into ExecuTorch's Python runtime and need nothing; a QNN delegate needs the
+QNN libraries loaded. The target comes from the compile manifest; for a bare .pte, from the
+delegates the program names.
 """
 
 from __future__ import annotations
 
 import importlib
-import logging
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from qnn_common.cli.noise import native_noise_filtered
 from qnn_common.errors import ArtifactError
 from qnn_common.llm_spec import LLM_CUSTOM_OPS_MODULE
-from qnn_common.recipes import BACKENDS, Backend
-
-log = logging.getLogger(__name__)
-
-# ExecuTorch's backend ids, as a .pte's delegate entries name them.
-_BACKEND_IDS = {t.runtime_id: b for b, t in BACKENDS.items() if t.runtime_id is not None}
+from qnn_common.recipes import Backend
+from qnn_infer.backends import BY_RUNTIME_ID, INFER_BACKENDS
+from qnn_infer.backends.runtime import RuntimeInfo
 
 
 def host_runtime() -> Any:
@@ -47,38 +42,21 @@ def delegates_in(pte: Path) -> set[Backend]:
     except Exception as exc:  # the flatbuffer reader raises assorted types on garbage
         raise ArtifactError(pte, f"is not a readable ExecuTorch program ({exc})") from exc
     ids = {d.id for plan in program.execution_plan for d in plan.delegates}
-    return {_BACKEND_IDS[i] for i in ids if i in _BACKEND_IDS}
-
-
-@dataclass(frozen=True)
-class RuntimeInfo:
-    """What was set up for a program's delegates: for the manifest's metrics and tool versions."""
-
-    record: dict[str, Any] = field(default_factory=dict)
-    tools: dict[str, str] = field(default_factory=dict)
-    qnn_sdk_root: Path | None = None
-    qnn_bridged: bool = False
+    return {BY_RUNTIME_ID[i] for i in ids if i in BY_RUNTIME_ID}
 
 
 def prepare_runtime(backends: set[Backend]) -> RuntimeInfo:
-    """Make this process able to run delegates of `backends`; say what was set up.
-
-    For QNN: find the SDK (QNN_SDK_ROOT, or the project's x86 development SDK), check it for version
-    skew, and load its libraries (after torch and the ExecuTorch runtime, as they require).
-    """
-    if Backend.QNN not in backends:
-        return RuntimeInfo()
-    from qnn_common.qnn_sdk import ready_qnn_sdk
-
-    sdk = ready_qnn_sdk()
-    log.info("QNN %s from %s%s", sdk.qnn_version, sdk.root,
-             " (x86 emulation through the compatibility bridge)" if sdk.bridged else "")
-    return RuntimeInfo(
-        record={"qnn_sdk": sdk.record()},
-        tools={"qnn": sdk.qnn_version, "qnn_bridge": "yes" if sdk.bridged else "no"},
-        qnn_sdk_root=sdk.root,
-        qnn_bridged=sdk.bridged,
-    )
+    """Make this process able to run delegates of `backends`; say what was set up (each
+    backend's `InferBackend.prepare`: for QNN, its SDK found, checked and loaded)."""
+    info = RuntimeInfo()
+    for backend in sorted(backends):
+        done = INFER_BACKENDS[backend].prepare()
+        info = RuntimeInfo(
+            record={**info.record, **done.record}, tools={**info.tools, **done.tools},
+            qnn_sdk_root=info.qnn_sdk_root or done.qnn_sdk_root,
+            qnn_bridged=info.qnn_bridged or done.qnn_bridged,
+        )
+    return info
 
 
 def cpu_threads(requested: int | None) -> int:
