@@ -15,7 +15,7 @@ import fnmatch
 import signal
 from dataclasses import dataclass
 
-from qnn_common.recipes import Backend, Recipe
+from qnn_common.recipes import BACKENDS, Backend, Recipe
 from qnn_testing.checks import Check, CosineSimilarity, Sqnr, Tolerance
 from qnn_testing.structure import Delegation, Structure
 
@@ -98,20 +98,35 @@ _QNN_A16 = Measure((Sqnr(40.0), CosineSimilarity(0.9999)))
 EXACT = Measure((Tolerance(rtol=0.0, atol=0.0),))
 
 
+@dataclass(frozen=True)
+class _Defaults:
+    """A backend's default checks: at its float recipe, and at 8- and 16-bit activations."""
+
+    unquantized: Measure
+    a8: Measure
+    a16: Measure
+
+
+# XNNPACK and portable run no 16-bit activations; their 8-bit measure stands for any quantized.
+_DEFAULTS: dict[Backend, _Defaults] = {
+    Backend.XNNPACK: _Defaults(_XNNPACK_FP32, _XNNPACK_Q8, _XNNPACK_Q8),
+    Backend.PORTABLE: _Defaults(_PORTABLE_FP32, _PORTABLE_Q8, _PORTABLE_Q8),
+    Backend.QNN: _Defaults(_QNN_FP16, _QNN_A8, _QNN_A16),
+}
+
+
 def default_outcome(backend: Backend, precision: Recipe) -> Measure:
     """The checks a case meets unless a rule says otherwise."""
-    if backend is Backend.XNNPACK:
-        return _XNNPACK_FP32 if precision is Recipe.FP32 else _XNNPACK_Q8
-    if backend is Backend.PORTABLE:
-        return _PORTABLE_FP32 if precision is Recipe.FP32 else _PORTABLE_Q8
-    if precision is Recipe.FP16:
-        return _QNN_FP16
-    return _QNN_A8 if precision.activation_bits == 8 else _QNN_A16
+    defaults = _DEFAULTS[backend]
+    if not precision.is_quantized:
+        return defaults.unquantized
+    return defaults.a8 if precision.activation_bits == 8 else defaults.a16
 
 
 def default_structure(backend: Backend) -> Structure:
-    """Portable delegates nothing; XNNPACK and QNN should take the whole case."""
-    if backend is Backend.PORTABLE:
+    """A backend without a delegate (portable) delegates nothing; the others should take the
+    whole case."""
+    if BACKENDS[backend].runtime_id is None:
         return Structure(Delegation.NONE)
     return Structure(Delegation.FULL)
 

@@ -193,21 +193,33 @@ def _every_precision_then_dealt(
     yield from _dealt(target, rest, lpbq_needs_linear=lpbq_needs_linear)
 
 
+def _xnnpack_fast(target: OpTarget, cases: Sequence[Selectable]) -> Iterator[Cell]:
+    return _every_precision_then_dealt(target, cases, lambda c: c.smoke, lpbq_needs_linear=False)
+
+
+def _portable_fast(target: OpTarget, cases: Sequence[Selectable]) -> Iterator[Cell]:
+    return _dealt(target, cases, lpbq_needs_linear=False)
+
+
+def _qnn_fast(target: OpTarget, cases: Sequence[Selectable]) -> Iterator[Cell]:
+    if target.arch is DEFAULT_ARCH:
+        return _every_precision_then_dealt(target, cases, lambda c: c.qnn, lpbq_needs_linear=True)
+    return _dealt(target, [c for c in cases if c.smoke], lpbq_needs_linear=False)
+
+
+# The fast mode's cells per backend (the module docstring says why each).
+_FAST: dict[Backend, Callable[[OpTarget, Sequence[Selectable]], Iterator[Cell]]] = {
+    Backend.XNNPACK: _xnnpack_fast,
+    Backend.PORTABLE: _portable_fast,
+    Backend.QNN: _qnn_fast,
+}
+
+
 def cells(cases: Sequence[Selectable], targets: Sequence[OpTarget], mode: Mode) -> Iterator[Cell]:
     """The cells `mode` runs, target by target, case by case, precision by precision."""
     for target in targets:
         if mode is Mode.FULL:
             for case in cases:
                 yield from (Cell(case.name, target, p) for p in target.precisions)
-        elif target.backend is Backend.XNNPACK:
-            yield from _every_precision_then_dealt(
-                target, cases, lambda c: c.smoke, lpbq_needs_linear=False
-            )
-        elif target.backend is Backend.PORTABLE:
-            yield from _dealt(target, cases, lpbq_needs_linear=False)
-        elif target.arch is DEFAULT_ARCH:
-            yield from _every_precision_then_dealt(
-                target, cases, lambda c: c.qnn, lpbq_needs_linear=True
-            )
         else:
-            yield from _dealt(target, [c for c in cases if c.smoke], lpbq_needs_linear=False)
+            yield from _FAST[target.backend](target, cases)
