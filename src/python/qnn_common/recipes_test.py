@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import ast
+from pathlib import Path
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -358,3 +361,69 @@ def test_recipe_traits_agree_with_the_recipe_and_the_backends(recipe: Recipe) ->
         for soc in ALL_SOCS:
             assert (recipe in recipes_for(Backend.QNN, soc)) is (
                 soc.htp_arch >= traits.htp_floor.arch)
+
+
+# --- no backend branch outside the backend modules ----------------------------------------------
+
+# What varies by backend lives in these modules (each a registry of one module per backend, or
+# the modules themselves), and in `BACKENDS`' entries; everywhere else reads a fact of
+# `BackendTraits` or calls the stage's registry (src/python/qnn_compile/backends/README.md).
+BACKEND_MODULES: tuple[tuple[str, str], ...] = (
+    ("qnn_compile/backends/", "the compile stage's CompileBackend per backend"),
+    ("qnn_quant/quantizers/", "the quantize stage's QuantBackend per backend"),
+    ("qnn_infer/backends/", "the infer stage's InferBackend per backend"),
+)
+_SOURCES = Path("src/python")  # the checkout's, or the sandbox's (//:python_sources_text)
+
+
+def _names_a_backend(node: ast.AST) -> bool:
+    """Whether `node` spells a backend: `Backend.QNN` and friends, a backend's value ("qnn") or
+    its delegate id ("QnnBackend")."""
+    spelled = {b.value for b in Backend} | {
+        t.runtime_id for t in BACKENDS.values() if t.runtime_id is not None}
+    for n in ast.walk(node):
+        if (isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
+                and n.value.id == "Backend" and n.attr in Backend.__members__):
+            return True
+        if isinstance(n, ast.Constant) and n.value in spelled:
+            return True
+    return False
+
+
+def backend_branches(source: str) -> list[int]:
+    """Lines of `source` that compare with a backend (`is`, `==`, `in` ...) or match on one."""
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare) and _names_a_backend(node):
+            lines.append(node.lineno)
+        elif isinstance(node, ast.match_case) and _names_a_backend(node.pattern):
+            lines.append(node.pattern.lineno)
+    return sorted(lines)
+
+
+def test_the_scan_finds_each_kind_of_branch() -> None:
+    source = (
+        "a = x if backend is Backend.QNN else y\n"
+        "b = backend in (Backend.XNNPACK, Backend.PORTABLE)\n"
+        'c = backend_id == "QnnBackend"\n'
+        "match backend:\n    case Backend.QNN:\n        pass\n"
+        "d = {Backend.QNN: 1}[backend]\n"  # a table, not a branch
+        "e = BACKENDS[backend].needs_soc\n"
+    )
+    assert backend_branches(source) == [1, 2, 3, 5]
+
+
+def test_no_backend_branch_outside_the_backend_modules() -> None:
+    assert _SOURCES.is_dir(), f"run from the repository root: no {_SOURCES}"
+    allowed = tuple(prefix for prefix, _ in BACKEND_MODULES)
+    found = []
+    for path in sorted(_SOURCES.rglob("*.py")):
+        name = path.relative_to(_SOURCES).as_posix()
+        if path.name.endswith("_test.py") or path.name == "conftest.py" or name.startswith(allowed):
+            continue
+        found += [f"{name}:{line}" for line in backend_branches(path.read_text())]
+    assert not found, (
+        f"a backend branch outside the backend modules: {', '.join(found)}. Make it a fact of "
+        "BackendTraits (qnn_common/recipes.py) or a field of the stage's backend type "
+        "(CompileBackend, QuantBackend, InferBackend), as qnn_compile/backends/README.md says"
+    )
