@@ -117,3 +117,38 @@ def test_a_mixture_of_experts_decoder_exports_without_transformers_custom_ops(
     assert "grouped_mm" not in _program_ops(summary)
     program = summary["generation"]["next_token"]["program"]
     assert program["kl_divergence"]["mean"] < 1e-4  # the float program is the eager model
+
+
+def test_gemma3_runs_at_8a8w_by_default_and_its_program_starts_from_the_models_state(
+    tmp_path: Path,
+) -> None:
+    """Two defects a tiny Gemma 3 showed, each leaving a program that did not load:
+    - the quantize stage's own runs (calibration, the fake-quant reference) wrote their cache
+      and the sliding-window layers' token counters into the quantized program, which the
+      compile then serialized as the program's initial state (qnn_quant.calibration
+      `initial_state`, method_modules `own_copies`): every buffer the program writes must leave
+      the quantize stage as the model registered it;
+    - XNNPACK took a slice reading int8 and writing float (its rotary embedding's half of the
+      QK-normed query), which XNNPACK refuses at load (qnn_compile.backends.xnnpack)."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    from qnn_common.torchio.known_weights import buffers_written
+
+    torch.manual_seed(7)
+    config = Gemma3TextConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, vocab_size=256, max_position_embeddings=64,
+        sliding_window=16, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+    )
+    model = tmp_path / "gemma3"
+    Gemma3ForCausalLM(config).eval().save_pretrained(model)
+    summary = run_pipeline(_create(model, tmp_path / "out", recipe="8a8w")).checked().summary
+    assert summary["generation"]["new_tokens"] == 4
+    (quantize,) = (s for s in summary["stages"] if s["name"] == Stage.QUANTIZE.value)
+    for method in ("prefill", "decode"):
+        program = torch.export.load(Path(quantize["artifact"]) / "methods" / f"{method}.pt2")
+        written = buffers_written(program)
+        state = {n: b for n, b in program.named_buffers() if n in written}
+        assert any("cumulative_length" in n for n in state), sorted(state)  # counters seen
+        assert not any(bool(b.any()) for b in state.values()), [
+            n for n, b in state.items() if b.any()]

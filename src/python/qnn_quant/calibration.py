@@ -4,8 +4,9 @@
   each checked against its inputs before any work;
 - `causal_lm_calibration`: texts through a causal LM's prefill and decode the way the runtime
   feeds them (`qnn_common.llm.feed`: chunks through prefill, a short tail through decode), the
-  cache emptied between texts; the methods share one set of scales (`shared_scales`), and 8da4w
-  smooths blocks on the first few texts (`qnn_quant.smoothed_blocks`).
+  state the model updates in place put back between texts (`initial_state`); the methods share
+  one set of scales (`shared_scales`), and 8da4w smooths blocks on the first few texts
+  (`qnn_quant.smoothed_blocks`).
 """
 
 from __future__ import annotations
@@ -61,10 +62,12 @@ def program_calibration(
 
     def run(modules: Mapping[str, torch.nn.Module], desc: str) -> None:
         (module,) = modules.values()
+        restore = initial_state(module)
         with torch.no_grad():
             for sample in tqdm(checked, desc=desc, unit="sample", disable=not progress):
                 inputs = sample.clone()
                 module(*inputs.args, **inputs.kwargs)
+        restore()
 
     return Calibration(
         run, samples=len(checked), example=tuple(checked[0].args) if checked else None,
@@ -82,10 +85,11 @@ def causal_lm_calibration(
 
     def run(modules: Mapping[str, torch.nn.Module], desc: str) -> None:
         prefill, decode = method_steps(spec, module_runner(modules, spec), rope, sink)
+        restores = [initial_state(module) for module in modules.values()]
         for sequence in tqdm(texts, desc=desc, unit="text", disable=not progress):
             feed(prefill, decode, sequence.tolist(), 0, spec)
-            for module in modules.values():
-                reset_cache(module)
+            for restore in restores:
+                restore()
 
     def smoothing(
         programs: dict[str, ExportedProgram], group_size: int,
@@ -93,18 +97,52 @@ def causal_lm_calibration(
     ) -> Mapping[str, BlockScale]:
         return choose_block_scales(
             programs, spec=spec, calibration=texts, group_size=group_size, rope=rope,
-            eligible=eligible, reset=reset_cache,
+            eligible=eligible, initial_state=initial_state,
         )
 
     return Calibration(run, samples=len(texts), shared_scales=True, smoothing=smoothing)
 
 
-def reset_cache(gm: torch.nn.Module) -> None:
-    """Zero the KV-cache buffers so each calibration text starts from an empty cache."""
-    with torch.no_grad():
-        for name, buffer in gm.named_buffers():
-            if "cache" in name and buffer.is_floating_point():
-                buffer.zero_()
+def written_buffers(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The buffers `module`'s graph writes in place, by name: a KV cache, and whatever else the
+    model keeps between calls (transformers' sliding-window layers count the tokens they have
+    seen in an int64 buffer). Read off the ops' schemas (an argument the op writes), not off the
+    buffers' names or dtypes. A module without a graph writes none that can be told."""
+    graph = getattr(module, "graph", None)
+    if not isinstance(graph, torch.fx.Graph):
+        return {}
+    written: set[str] = set()
+    for node in graph.nodes:
+        schema = getattr(node.target, "_schema", None) if node.op == "call_function" else None
+        if schema is None:
+            continue
+        # Positional arguments only: an in-place op's written tensor is never keyword-only.
+        for argument, value in zip(schema.arguments, node.args, strict=False):
+            alias = argument.alias_info
+            if alias is not None and alias.is_write and isinstance(value, torch.fx.Node) \
+                    and value.op == "get_attr":
+                written.add(str(value.target))
+    buffers = dict(module.named_buffers())
+    return {name: buffers[name] for name in sorted(written) if name in buffers}
+
+
+def initial_state(module: torch.nn.Module) -> Callable[[], None]:
+    """A function that puts back what `module`'s written buffers hold now.
+
+    Calibration runs texts through the program the way the runtime does, so it fills the cache
+    and counters; each text must start from the model's own initial state, and the quantized
+    program must keep it: the compile serializes a written buffer that is not all zeros as the
+    program's initial state (qnn_compile.lower), so a counter left at a calibration text's
+    length would start every generation there."""
+    buffers = written_buffers(module)
+    saved = {name: tensor.clone() for name, tensor in buffers.items()}
+
+    def restore() -> None:
+        with torch.no_grad():
+            for name, value in saved.items():
+                buffers[name].copy_(value)
+
+    return restore
 
 
 def _input_values(ep: ExportedProgram) -> list[Any] | None:

@@ -41,10 +41,25 @@ def lm_modules(
     programs: Mapping[str, ExportedProgram], make: Callable[[ExportedProgram], ModuleT],
 ) -> dict[str, ModuleT]:
     """Each method's module as `make` builds it (`ExportedProgram.module`: the float one),
-    decode's cache made prefill's."""
+    decode's cache made prefill's, and that cache the modules' own: `ExportedProgram.module()`
+    shares the program's tensors, and a run through it would leave its cache and counters in
+    the program, which the compile then serializes as the program's initial state."""
     modules = {method: make(program) for method, program in programs.items()}
-    share_state(modules, written_buffers(programs))
+    written = written_buffers(programs)
+    for module in modules.values():
+        own_copies(module, written)
+    share_state(modules, written)
     return modules
+
+
+def own_copies(module: torch.nn.Module, names: set[str]) -> None:
+    """Give `module` its own copy of each buffer of `names` it has."""
+    for fqn, tensor in list(module.named_buffers()):
+        if fqn in names:
+            owner, _, leaf = fqn.rpartition(".")
+            holder = module.get_submodule(owner) if owner else module
+            holder.register_buffer(leaf, tensor.clone(), persistent=leaf not in
+                                   holder._non_persistent_buffers_set)
 
 
 def share_state(modules: Mapping[str, torch.nn.Module], written: set[str]) -> int:

@@ -53,11 +53,11 @@ def choose_block_scales(
     eligible: Callable[[torch.fx.Node, torch.Tensor], bool],
     group_size: int,
     rope: tuple[torch.Tensor, torch.Tensor] | None,
-    reset: Callable[[torch.nn.Module], None],
+    initial_state: Callable[[torch.nn.Module], Callable[[], None]],
 ) -> dict[str, BlockScale]:
     """One factor per smoothable input of the methods (keyed by its first divided constant),
-    from their float run on the first TEXTS `calibration` texts (`reset`: empties a module's
-    cache between texts)."""
+    from their float run on the first TEXTS `calibration` texts (`initial_state`: a module's
+    function that puts its cache and counters back between texts)."""
     t = time.perf_counter()
     rows = _Rows()
     modules: dict[str, torch.fx.GraphModule] = {}
@@ -74,10 +74,11 @@ def choose_block_scales(
     share_state(modules, written_buffers(programs))
     texts = list(calibration[:TEXTS])
     prefill, decode = method_steps(spec, module_runner(modules, spec), rope)
+    restores = [initial_state(module) for module in modules.values()]
     for sequence in texts:
         feed(prefill, decode, sequence.tolist(), 0, spec)
-        for module in modules.values():
-            reset(module)
+        for restore in restores:
+            restore()
     scales = {
         divided[0]: choose_scale(divided, torch.cat(kept), weights[divided], group_size)
         for divided, kept in rows.rows.items()

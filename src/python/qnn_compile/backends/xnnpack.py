@@ -17,6 +17,14 @@ runtime):
   (MiniLM: 24 of them, two per attention matmul). ExecuTorch's own `RemoveNoopExpandCopyPass`
   removes them after edge conversion; it ships with the XNNPACK backend but is not in its default
   pass list.
+
+And one of its partitioner's checks is tightened (`_partitioner_configs`): XNNPACK's static slice
+takes its input and output in one datatype, and ExecuTorch's check refuses a quantized slice
+whose input and output scales differ but not one whose input is dequantized and whose one user
+is a float op. Gemma 3's rotary embedding slices the normed query (QK-norm's output, quantized)
+and negates the half it took, in float: serialized, that slice reads int8 and writes float, and
+XNNPACK refuses the node when the program loads ("Failed to create static slice node",
+xnn_status_invalid_parameter), after all the work. Such a slice runs on the portable kernels.
 """
 
 from __future__ import annotations
@@ -160,6 +168,23 @@ def _logged_and_skipping(backend: type) -> Iterator[None]:
         yield
 
 
+def _partitioner_configs() -> list[Any]:
+    """XNNPACK's partitioner configs, its static slice's check tightened (module docstring)."""
+    from executorch.backends.xnnpack.partition.config import ALL_PARTITIONER_CONFIGS
+    from executorch.backends.xnnpack.partition.config.generic_node_configs import SliceCopyConfig
+    from executorch.backends.xnnpack.utils.quant_utils import is_dequant, is_quant
+
+    class OneDatatypeSlice(SliceCopyConfig):  # type: ignore[misc]  # ExecuTorch is untyped
+        def check_constraints(self, node: torch.fx.Node, ep: ExportedProgram) -> bool:
+            if not super().check_constraints(node, ep):
+                return False
+            source, users = node.args[0], list(node.users)
+            return not (isinstance(source, torch.fx.Node) and is_dequant(source)
+                        and len(users) == 1 and not is_quant(users[0]))
+
+    return [OneDatatypeSlice if c is SliceCopyConfig else c for c in ALL_PARTITIONER_CONFIGS]
+
+
 def lowering(config: CompileConfig) -> BackendLowering:
     """Partition everything XNNPACK takes; the rest runs on the portable kernels. Partitioning
     and each partition's compile are logged as they happen (`qnn_compile.progress`)."""
@@ -170,7 +195,7 @@ def lowering(config: CompileConfig) -> BackendLowering:
     return BackendLowering(
         target=config.target,
         recipe=LoweringRecipe(
-            partitioners=[logged_partitioner(XnnpackPartitioner)()],
+            partitioners=[logged_partitioner(XnnpackPartitioner)(configs=_partitioner_configs())],
             edge_transform_passes=[_remove_noop_expand_copies],
         ),
         aten_passes=(decompose_layer_norm, delegable_means),
