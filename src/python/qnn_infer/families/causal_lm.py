@@ -51,6 +51,7 @@ from qnn_common.stages import (
 from qnn_common.store.artifact_dir import begin_artifact
 from qnn_common.torchio.hf_untrusted import HF_LOAD, refuse_custom_code
 from qnn_common.torchio.samples import load_samples
+from qnn_infer.families import single
 from qnn_infer.gate_check import judge_accuracy
 from qnn_infer.generate import Generation, PteLm, generate, prompt_rest_decode_up_to
 from qnn_infer.isolation import Rehearsal, Step, rehearse_unless_compiled_here
@@ -206,10 +207,13 @@ def generation_latency(generation: Generation) -> dict[str, float]:
 def run(
     inp: InferInput, upstream: Manifest | None, pte: Path, have: set[str]
 ) -> Artifact:
-    """Teacher-forced logits vs the references, then a timed generation."""
+    """Teacher-forced logits vs the references, then a timed generation; a causal LM exported
+    without a KV cache (no LLM record, one logits method) runs as any one-method program."""
     cfg: InferConfig = inp.config
     spec = None if upstream is None else llm_spec_of(inp.source.path, upstream)
-    assert upstream is not None and spec is not None  # family_for picked this family for it
+    if spec is None:
+        return single.run(inp, upstream, pte, have)
+    assert upstream is not None  # family_for picks this family from the artifact's record
     if cfg.device is not None or cfg.inputs_file is not None or cfg.etdump:
         raise ConfigValidationError(
             "infer", "causal-lm",

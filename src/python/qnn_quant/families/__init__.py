@@ -5,9 +5,11 @@ methods, write them, carry the inputs forward, seal).
 - `single`: one method (`forward`), calibrated on the prepared samples and judged output by
   output and layer by layer against the fp32 program.
 - `causal_lm`: a generating decoder's `prefill` and `decode`, calibrated through prefill with one
-  set of scales for both, judged by teacher-forced logits on the eval texts.
+  set of scales for both, judged by teacher-forced logits on the eval texts (a causal LM
+  prepared without a KV cache is one logits method, which it hands to `single`).
 
-A new family is a module with `quantize` and an entry in `family_for`.
+The family is picked by the program kind prepare recorded (`ProgramRecord.kind`) in `FAMILIES`.
+A new family is a module with `check` and `quantize` and an entry there (README.md).
 """
 
 from __future__ import annotations
@@ -16,20 +18,30 @@ from pathlib import Path
 
 from qnn_common.errors import ArtifactError
 from qnn_common.manifest import Manifest
-from qnn_common.stages import llm_spec_of, program_files
+from qnn_common.stages import program_of
+from qnn_quant.families import causal_lm, single
 from qnn_quant.families.family import Family
+
+# The recorded program kind -> the family that quantizes it: every kind prepare records
+# (qnn_prepare.task.KINDS; qnn_pipeline/kinds_test.py holds the lists together).
+FAMILIES: dict[str, Family] = {
+    "causal-lm": causal_lm,
+    "text-encoder": single,
+    "vision": single,
+    "custom": single,
+}
 
 
 def family_for(source: Path, src: Manifest) -> Family:
-    """The family of the prepared artifact at `source` (its manifest `src`)."""
-    from qnn_quant.families import causal_lm, single
-
-    if llm_spec_of(source, src) is not None:
-        return causal_lm
-    methods = list(program_files(source, src))
-    if len(methods) != 1:
+    """The family of the prepared artifact at `source` (its manifest `src`), by its recorded
+    program kind; refused before any method loads if the family cannot take the program."""
+    kind = program_of(source, src).kind
+    family = FAMILIES.get(kind)
+    if family is None:
         raise ArtifactError(
-            source, f"holds the methods {', '.join(methods)} and no causal-LM record; quantize "
-            "takes one method, or a causal LM's prefill and decode",
+            source, f"records a program of kind {kind!r}, which quantize has no family for (it "
+            f"has {', '.join(sorted(FAMILIES))}); prepare it with the qnn-prepare that matches "
+            "this qnn-quant, or add the family (qnn_quant/families/README.md)",
         )
-    return single
+    family.check(source, src)
+    return family

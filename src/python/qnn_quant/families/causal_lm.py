@@ -1,12 +1,14 @@
 """A generating decoder's `prefill` and `decode`: quantized with one set of scales (calibrated
 through prefill, decode's observers given prefill's statistics: `qnn_quant.shared_scales`); the
 fake-quant reference is their teacher-forced logits on the eval texts, judged against the fp32
-model's."""
+model's. A causal LM prepared without a KV cache records no LLM shapes: its one logits method is
+quantized as any one-method program (`single`)."""
 
 from __future__ import annotations
 
 import logging
 import time
+from pathlib import Path
 
 import torch
 
@@ -26,6 +28,7 @@ from qnn_common.stages import (
 from qnn_common.torchio.samples import load_samples
 from qnn_quant.calibration import causal_lm_calibration
 from qnn_quant.engine import quantize_methods
+from qnn_quant.families import single
 from qnn_quant.families.family import Quantized
 from qnn_quant.fused_qdq import reference_module
 from qnn_quant.method_modules import lm_modules, module_runner
@@ -34,13 +37,21 @@ from qnn_quant.quantizers import dynamic_scale_per_row
 log = logging.getLogger(__name__)
 
 
+def check(source: Path, src: Manifest) -> None:
+    """A generating export (its LLM record) is checked when its methods load; a logits-only one
+    must be one method."""
+    if llm_spec_of(source, src) is None:
+        single.check(source, src)
+
+
 def quantize(
     inp: QuantizeInput, src: Manifest, programs: dict[str, torch.export.ExportedProgram]
 ) -> Quantized:
     """Quantize prefill and decode with one set of scales, and their teacher-forced logits."""
     cfg = inp.config
     spec = llm_spec_of(inp.source.path, src)
-    assert spec is not None  # family_for picked this family for its LLM record
+    if spec is None:  # exported without a KV cache: one logits method
+        return single.quantize(inp, src, programs)
     calibration = [s[0] for s in load_samples(inp.source.path / CALIBRATION)]
     eval_tokens = [s[0] for s in load_samples(inp.source.path / EVAL_INPUTS)]
     rope, sink = rope_of(inp.source.path, src), sink_of(inp.source.path, src)

@@ -4,6 +4,7 @@ types its modules implement, apart from the lookup of those modules (`qnn_quant.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 import torch
@@ -28,6 +29,11 @@ class Quantized:
 
 
 class Family(Protocol):
+    def check(self, source: Path, src: Manifest) -> None:
+        """Refuse, with ArtifactError saying why, a prepared artifact (at `source`, its
+        manifest `src`) this family cannot quantize: before its methods are loaded."""
+        ...
+
     def quantize(
         self, inp: QuantizeInput, src: Manifest,
         programs: dict[str, torch.export.ExportedProgram],

@@ -6,13 +6,21 @@ from __future__ import annotations
 
 import logging
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
 
+from qnn_common.errors import ArtifactError
 from qnn_common.manifest import Manifest
 from qnn_common.metrics import compare_samples
-from qnn_common.stages import CALIBRATION, EVAL_INPUTS, REFERENCE_FP32, QuantizeInput
+from qnn_common.stages import (
+    CALIBRATION,
+    EVAL_INPUTS,
+    REFERENCE_FP32,
+    QuantizeInput,
+    program_files,
+)
 from qnn_common.torchio.samples import ModelInputs, flatten_outputs, load_inputs, load_samples
 from qnn_quant.calibration import program_calibration
 from qnn_quant.engine import quantize_methods
@@ -22,6 +30,16 @@ from qnn_quant.quantizers import dynamic_scale_per_row
 from qnn_quant.report import accuracy_report_and_outputs
 
 log = logging.getLogger(__name__)
+
+
+def check(source: Path, src: Manifest) -> None:
+    """One method, or the refusal naming the ones the artifact holds."""
+    methods = list(program_files(source, src))
+    if len(methods) != 1:
+        raise ArtifactError(
+            source, f"holds the methods {', '.join(methods)} and no causal-LM record; quantize "
+            "takes one method, or a causal LM's prefill and decode",
+        )
 
 
 def quantize(
