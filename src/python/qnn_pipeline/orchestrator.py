@@ -37,6 +37,7 @@ from qnn_infer.device import check_device_ready
 from qnn_infer.evaluation.report import EvalGateError
 from qnn_infer.gate_check import AccuracyGateError, gate_failure
 from qnn_infer.program_check import check_program_matches
+from qnn_pipeline import families
 from qnn_pipeline.context import PipelineContext
 from qnn_pipeline.evaluation import EvalRequest, run_evaluation
 from qnn_pipeline.summary import (
@@ -46,7 +47,6 @@ from qnn_pipeline.summary import (
     write_summary,
 )
 from qnn_prepare.api import prepare_cache_key, run_prepare
-from qnn_prepare.causal_lm.export import check_prompt_fits
 from qnn_prepare.models import task_for
 from qnn_quant.api import quantize_cache_key, run_quantize
 
@@ -206,29 +206,7 @@ def run_pipeline(
     preflight(ctx.backend)
     if Stage.INFER not in ctx.skip and ctx.stop_after in (None, Stage.INFER):
         check_device_ready(ctx.infer)  # no adb or device must not cost three stages first
-    generation = ctx.infer.generation
-    if first is Stage.PREPARE and generation is not None and not ctx.prepare.kv_cache:
-        # Without a KV cache the program is a plain forward: the prompt would be dropped, and
-        # the run would exit 0 as if it had generated.
-        raise ConfigValidationError(
-            "infer.generation", {"prompt": generation.prompt[:40]},
-            "generation needs a causal LM exported with a KV cache, and prepare.kv_cache is "
-            "off: set `kv_cache = true` under [prepare] (what --prompt does), or remove "
-            "[infer.generation]",
-        )
-    if first is Stage.PREPARE and ctx.prepare.kv_cache and generation is not None:
-        # A prompt the context cannot hold is refused before minutes of export and lowering.
-        check_prompt_fits(
-            ctx.prepare.model, max_seq_len=ctx.prepare.max_seq_len,
-            prefill_len=ctx.prepare.prefill_len, prompt=generation.prompt,
-            max_new_tokens=generation.max_new_tokens,
-        )
-    if first is Stage.PREPARE and ctx.compile.num_shards != 1 and not ctx.prepare.kv_cache:
-        raise ConfigValidationError(
-            "compile.num_shards", ctx.compile.num_shards,
-            "sharding splits a causal LM's decoder layers, exported with its KV cache: add "
-            "--prompt (kv_cache = true under [prepare]), or drop --num-shards",
-        )
+    families.preflight(ctx, first)  # each model family's checks of the settings
     if first is Stage.PREPARE:
         task_for(ctx.prepare)  # a model that names nothing fails here, before --out is touched
     # Only now, the run known to be valid: the previous run's summary must not pass for this
