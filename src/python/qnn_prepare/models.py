@@ -30,7 +30,15 @@ from qnn_prepare.single import SingleMethodTask
 from qnn_prepare.task import LoadedModel, Task
 from qnn_prepare.vision import TINY_CNN, TINY_CNN_DESCRIPTION, load_tiny_cnn
 
-__all__ = ["BUILTIN_MODELS", "FACTORY_CONTRACT", "TASKS", "list_models", "load_model", "task_for"]
+__all__ = [
+    "BUILTIN_MODELS",
+    "FACTORY_CONTRACT",
+    "TASKS",
+    "builtin_weights",
+    "list_models",
+    "load_model",
+    "task_for",
+]
 
 
 def _load_encoder_spec(spec: str, seq_len: int, seed: int) -> LoadedModel:
@@ -73,6 +81,16 @@ BUILTIN_MODELS: dict[str, str] = {
 def list_models() -> list[tuple[str, str]]:
     """Built-in model names with a one-line description each, sorted by name."""
     return sorted(BUILTIN_MODELS.items())
+
+
+def builtin_weights(spec: str) -> bytes | None:
+    """What identifies a built-in's weights where they are not this package's code, asked of
+    every task (`Task.builtin_weights`); None for any other spec."""
+    for task in TASKS:
+        weights = task.builtin_weights(spec)
+        if weights is not None:
+            return weights
+    return None
 
 
 def task_for(config: PrepareConfig) -> Task:

@@ -15,7 +15,14 @@ from qnn_common.llm import MASK_VALUE
 from qnn_common.stages import PROGRAM, PrepareInput, method_program
 from qnn_prepare.causal_lm.task import LogitsLm
 from qnn_prepare.causal_lm.tiny_decoders import save_tiny_llama
-from qnn_prepare.models import BUILTIN_MODELS, TASKS, list_models, load_model, task_for
+from qnn_prepare.models import (
+    BUILTIN_MODELS,
+    TASKS,
+    builtin_weights,
+    list_models,
+    load_model,
+    task_for,
+)
 from qnn_prepare.task import LoadedModel, export_program
 
 
@@ -259,3 +266,12 @@ def test_the_manifest_names_the_task_and_lists_methods(tmp_path: Path) -> None:
     assert lm.sealed.program is not None
     assert lm.sealed.program.methods == ("prefill", "decode")
     assert all((tmp_path / "lm" / method_program(m)).is_file() for m in ("prefill", "decode"))
+
+
+def test_builtin_weights_come_from_the_task_that_has_them(tmp_path: Path) -> None:
+    """The cache key covers a tiny decoder's shipped weights through its task, not a name
+    check in api.py; a seeded built-in or a directory has none (its files are hashed)."""
+    tiny = builtin_weights("tiny-llama")
+    assert tiny is not None and len(tiny) > 1000
+    assert builtin_weights("tiny-cnn") is None
+    assert builtin_weights(str(tmp_path)) is None

@@ -108,6 +108,11 @@ class SingleMethodTask:
         """Whether `spec` is this task's (a single-method export never has a KV cache)."""
         return not config.kv_cache and self.accepts_spec(spec)
 
+    def builtin_weights(self, spec: str) -> bytes | None:
+        """None: these built-ins are seeded or fixed by this package's code (its version is in
+        the cache key)."""
+        return None
+
     def export(self, config: PrepareConfig) -> TaskExport:
         """Load `config.model` and export it."""
         t = time.perf_counter()

@@ -112,6 +112,11 @@ class Task(Protocol):
         """Whether this task exports `spec` under `config` (checked in registry order)."""
         ...
 
+    def builtin_weights(self, spec: str) -> bytes | None:
+        """For a built-in whose weights are not this package's code (package data, another
+        installed package): what identifies them, for the cache key; None for any other spec."""
+        ...
+
     def export(self, config: PrepareConfig) -> TaskExport:
         """Load `config.model` and export it with its samples and reference outputs."""
         ...

