@@ -13,7 +13,7 @@ from qnn_common.recipes import Backend, Recipe
 from qnn_common.soc import lookup_soc
 from qnn_common.target import Target
 from qnn_quant.engine import quantize_program
-from qnn_quant.layers import ENCODER_LINEARS, plan_layers
+from qnn_quant.layers import ENCODER_LINEARS, module_path, plan_layers, post_sublayer_norms
 from qnn_quant.pt2e import float_graph
 from qnn_quant.quantized_ops import dynamic_op_count, quantized_op_count
 
@@ -128,3 +128,57 @@ def test_real_pt2e_flow_quantizes_encoder_linears_dynamically(
     with torch.no_grad():
         ref = exported.module()(x)
         assert cosine(ref.numpy(), quantized.module()(x).numpy()) > 0.99
+
+
+class TinyRMSNorm(torch.nn.Module):
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(width))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.weight
+        return out
+
+
+class SandwichBlock(torch.nn.Module):
+    """A pre-norm before the MLP and a post-norm after it, before the residual add (GLM-4's
+    and Gemma 2's shape), then a final norm before the head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pre_norm = TinyRMSNorm(16)
+        self.up = torch.nn.Linear(16, 32)
+        self.down = torch.nn.Linear(32, 16)
+        self.post_norm = TinyRMSNorm(16)
+        self.final_norm = TinyRMSNorm(16)
+        self.head = torch.nn.Linear(16, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x + self.post_norm(self.down(torch.relu(self.up(self.pre_norm(x)))))
+        out: torch.Tensor = self.head(self.final_norm(h))
+        return out
+
+
+def test_a_post_sublayer_norm_stays_float_at_8_bit_activations_where_the_backend_allows() -> None:
+    ep = torch.export.export(SandwichBlock().eval(), (torch.randn(1, 4, 16),))
+    gm = float_graph(ep)
+    post = post_sublayer_norms(gm)
+    paths = {module_path(n) for n in gm.graph.nodes if n.name in post}
+    assert paths == {"post_norm"}  # not the norms that feed linears
+    xnnpack = plan_layers(gm, XNNPACK, Recipe.A8W8)
+    assert post <= xnnpack.float_nodes
+    # Named by the caller, keep_float replaces the defaults; QNN keeps no float island.
+    assert not post & plan_layers(gm, XNNPACK, Recipe.A8W8, keep_float=[r"^up$"]).float_nodes
+    assert not post & plan_layers(gm, QNN, Recipe.A16W8).float_nodes
+    # Quantized for real: the post-norm's ops are not rounded (its output still is, where the
+    # residual add takes it), so it has fewer quantize ops than with nothing left float.
+    calibration = [(torch.randn(1, 4, 16),) for _ in range(4)]
+
+    def quantize_ops(keep_float: tuple[str, ...] | None = None) -> int:
+        program = quantize_program(ep, target=XNNPACK, recipe=Recipe.A8W8,
+                                   calibration=calibration, progress=False,
+                                   keep_float=keep_float)
+        return sum(1 for n in program.graph.nodes if "quantize_per_tensor" in str(n.target)
+                   and "dequantize" not in str(n.target))
+
+    assert 0 < quantize_ops() < quantize_ops(keep_float=())
