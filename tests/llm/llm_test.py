@@ -261,6 +261,33 @@ def test_kv_as_io_export_matches_eager_and_hands_over(family: str, tmp_path: Pat
     torch.testing.assert_close(handed_over, full, atol=1e-4, rtol=1e-4)
 
 
+def test_kv_as_io_gives_each_layer_kind_its_own_rotary_table(tmp_path: Path) -> None:
+    """Gemma 3 rotates its local (sliding-window) and global layers at different bases, its
+    rotary embedding taking the layer's kind: the host's table holds one per kind, side by
+    side, and each layer gets its own (the export called the embedding without the kind)."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    torch.manual_seed(0)
+    config = Gemma3TextConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, vocab_size=128, max_position_embeddings=64,
+        sliding_window=32, layer_types=["sliding_attention", "full_attention"], pad_token_id=0,
+    )
+    Gemma3ForCausalLM(config).save_pretrained(tmp_path / "gemma3")
+    lm = load_causal_lm(str(tmp_path / "gemma3"), max_seq_len=32, prefill_len=8)
+    spec = dataclasses.replace(lm.spec, kv_layout=kv_layout(lm))
+    programs, rope = export_kv_io_methods(lm)
+    assert rope[0].shape == (1, 32, 2 * 16)  # two kinds of 16 each
+    assert not torch.equal(*rope[0].chunk(2, dim=-1))  # different bases
+    modules = {m: p.module() for m, p in programs.items()}
+    prefill, decode = method_steps(spec, module_runner(modules, spec), rope)
+    tokens = torch.randint(0, 128, (20,), generator=torch.Generator().manual_seed(2)).tolist()
+    with torch.no_grad():
+        full = lm.hf(input_ids=torch.tensor([tokens])).logits[0]
+    torch.testing.assert_close(feed(prefill, decode, tokens, 0, spec), full, atol=1e-4,
+                               rtol=1e-4)
+
+
 def test_kv_as_io_with_an_attention_sink_runs_each_text_after_its_token(tmp_path: Path) -> None:
     """The sink's keys and values, computed once by the float prefill, fill the cache's first
     slot; a caller's position 0 is slot 1, so every text runs as eager does after that token,

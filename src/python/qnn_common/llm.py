@@ -120,7 +120,9 @@ class KvIoCache:
     ) -> None:
         self.spec = spec
         self.layout = layout
-        self.cos, self.sin = rope  # [1, max_seq_len, head_dim] each: the model's rotary table
+        # [1, max_seq_len, head_dim] each (kinds * head_dim for a table per layer kind): the
+        # model's rotary table, sliced by position alike either way.
+        self.cos, self.sin = rope
         shape = (1, layout.kv_heads, spec.max_seq_len, layout.head_dim)
         self.keys = [torch.zeros(shape) for _ in range(layout.layers)]
         self.values = [torch.zeros(shape) for _ in range(layout.layers)]

@@ -46,15 +46,25 @@ class _IoCache:
 
 
 class _GivenRope(nn.Module):
-    """Stands in for a model's rotary embedding: returns the (cos, sin) the wrapper was given."""
+    """Stands in for a model's rotary embedding: returns the (cos, sin) the wrapper was given.
 
-    def __init__(self) -> None:
+    A model whose layers rotate by kind (Gemma 3: local layers at one base, global ones at
+    another; its rotary embedding takes the `layer_type`) gets one table per kind, side by side
+    on the last axis in `layer_types` order (`rope_table`), and each call returns its kind's."""
+
+    def __init__(self, layer_types: tuple[str, ...] = ()) -> None:
         super().__init__()
+        self.layer_types = layer_types
         self.value: tuple[torch.Tensor, torch.Tensor] | None = None
 
-    def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def forward(
+        self, x: torch.Tensor, position_ids: torch.Tensor, layer_type: str | None = None
+    ) -> tuple[torch.Tensor, ...]:
         assert self.value is not None, "KvIoLm sets the rotary embedding before each call"
-        return self.value
+        if layer_type is None:
+            return self.value
+        i, kinds = self.layer_types.index(layer_type), len(self.layer_types)
+        return tuple(t.chunk(kinds, dim=-1)[i] for t in self.value)
 
 
 class KvIoLm(nn.Module):
@@ -64,7 +74,7 @@ class KvIoLm(nn.Module):
         super().__init__()
         self.hf = hf
         self.layout = layout
-        self.rope = _GivenRope()
+        self.rope = _GivenRope(rotary_layer_types(hf))
 
     def forward(
         self,
@@ -158,12 +168,25 @@ def _fused_rms_norms(hf: nn.Module) -> Iterator[int]:
             setattr(module, child_name, child)
 
 
+def rotary_layer_types(hf: nn.Module) -> tuple[str, ...]:
+    """The layer kinds the model's rotary embedding keeps a table for (Gemma 3's local and
+    global layers), in its order; () for one table."""
+    rotary = _rotary_owner(hf).get_submodule("rotary_emb")
+    return tuple(getattr(rotary, "layer_types", None) or ())
+
+
 def rope_table(lm: CausalLm) -> tuple[torch.Tensor, torch.Tensor]:
-    """The model's own (cos, sin) for every position of the context: [1, max_seq_len, dim]."""
+    """The model's own (cos, sin) for every position of the context: [1, max_seq_len, dim], or
+    [1, max_seq_len, kinds * dim] for a model with a table per layer kind (`_GivenRope`): the
+    host slices positions alike either way."""
     rotary = _rotary_owner(lm.hf).get_submodule("rotary_emb")
     positions = torch.arange(lm.spec.max_seq_len)[None]
+    x = torch.zeros(1, dtype=torch.float32)
     with torch.no_grad():
-        cos, sin = rotary(torch.zeros(1, dtype=torch.float32), position_ids=positions)
+        tables = [rotary(x, position_ids=positions, layer_type=kind)
+                  for kind in rotary_layer_types(lm.hf)] or [rotary(x, position_ids=positions)]
+    cos = torch.cat([c for c, _ in tables], dim=-1)
+    sin = torch.cat([s for _, s in tables], dim=-1)
     return cos.float().contiguous(), sin.float().contiguous()
 
 
