@@ -67,6 +67,8 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
     "qwen3_moe": {"moe_intermediate_size": 32, "num_experts": 4, "num_experts_per_tok": 2},
     "gpt2": {"n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 64,
              "num_key_value_heads": 4},
+    "codegen": {"n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 64, "n_ctx": 64,
+                "rotary_dim": 8, "num_key_value_heads": 4},
 }
 
 
@@ -155,6 +157,7 @@ def main() -> None:
                              f"{earlier.get('settings')}")
         rows = [r for r in earlier["rows"] if r["architecture"] not in args.only]
     result: dict[str, Any] = {"bench": "decoder_survey", "host": describe_host(),
+                              "date": time.strftime("%Y-%m-%d", time.gmtime()),
                               "settings": settings, "rows": rows}
     order = list(ARCHITECTURES)
     with tempfile.TemporaryDirectory(prefix="decoder-survey-") as tmp:

@@ -243,7 +243,35 @@ def survey_count(result: Mapping[str, Any]) -> str:
     return f"{ok} of {len(result['rows'])} generate with every setting at its default ({settings})."
 
 
+def decoder_coverage(result: Mapping[str, Any]) -> str:
+    """bench/decoder_coverage.py: per architecture and survey column, "runs" and the program's
+    KL vs eager fp32, or the outcome and why; then upstream's decoders by their architecture."""
+    columns = result["columns"]
+    lines = ["| architecture | " + " | ".join(columns) + " |",
+             "|---|" + "---|" * len(columns)]
+
+    def text(c: Mapping[str, Any]) -> str:
+        if c["status"] == "generates":
+            kl = c.get("kl_mean")
+            return "runs" + ("" if kl is None else f" (KL {kl:.4f})")
+        why = (c.get("reason") or "").replace("|", "/")
+        return f"{c['status']}" + (f": {why[:90]}" if why else "")
+
+    status = {r["architecture"]: r["cells"] for r in result["rows"]}
+    for r in result["rows"]:
+        lines.append(f"| {r['architecture']} | " + " | ".join(text(c) for c in r["cells"]) + " |")
+    lines += ["", "| upstream's decoder | architecture | " + " | ".join(columns) + " |",
+              "|---|---|" + "---|" * len(columns)]
+    for u in result["upstream"]:
+        cells = status.get(u["architecture"])
+        shown = ([("runs" if c["status"] == "generates" else c["status"]) for c in cells]
+                 if cells else ["not surveyed"] * len(columns))
+        lines.append(f"| {u['model']} | {u['architecture']} | " + " | ".join(shown) + " |")
+    return "\n".join(lines)
+
+
 RENDERERS: Mapping[str, Callable[[Mapping[str, Any]], str]] = {
+    "decoder_coverage": decoder_coverage,
     "decoder_survey": decoder_survey,
     "eval_peer": eval_peer,
     "big_decoder": big_decoder,
