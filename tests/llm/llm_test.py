@@ -288,6 +288,23 @@ def test_kv_as_io_gives_each_layer_kind_its_own_rotary_table(tmp_path: Path) -> 
                                rtol=1e-4)
 
 
+def test_kv_as_io_refuses_a_sliding_window_shorter_than_the_context(tmp_path: Path) -> None:
+    """Its one causal mask would let a local layer attend past its window: refused, saying
+    what to do, rather than a program that parts from the model after the window."""
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    torch.manual_seed(0)
+    config = Gemma2Config(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, vocab_size=128, max_position_embeddings=64,
+        sliding_window=4, pad_token_id=0,
+    )
+    Gemma2ForCausalLM(config).save_pretrained(tmp_path / "gemma2")
+    lm = load_causal_lm(str(tmp_path / "gemma2"), max_seq_len=32, prefill_len=8)
+    with pytest.raises(ConfigValidationError, match="--max-seq-len 4 or less, or the xnnpack"):
+        export_kv_io_methods(lm)
+
+
 def test_kv_as_io_with_an_attention_sink_runs_each_text_after_its_token(tmp_path: Path) -> None:
     """The sink's keys and values, computed once by the float prefill, fill the cache's first
     slot; a caller's position 0 is slot 1, so every text runs as eager does after that token,

@@ -210,11 +210,40 @@ def example_inputs(
     return cache.inputs(torch.zeros(1, n, dtype=torch.int64), torch.arange(n), n)
 
 
+def sliding_window_below_context(lm: CausalLm) -> int | None:
+    """The window of `lm`'s sliding-window layers if shorter than its context, else None.
+
+    Layers that attend over the last `window` tokens only: Gemma 2 / 3's local layers (their
+    `layer_types`), every layer of a Mistral-style config with a `sliding_window` and no layer
+    types. The host's additive mask of this export is one causal mask for every layer, so past
+    the window such a layer would attend where the model does not, silently."""
+    config: Any = lm.hf.config.get_text_config()  # type: ignore[union-attr, operator]
+    window = getattr(config, "sliding_window", None)
+    kinds = getattr(config, "layer_types", None)
+    sliding = "sliding_attention" in kinds if kinds else window is not None
+    if sliding and isinstance(window, int) and window < lm.spec.max_seq_len:
+        return window
+    return None
+
+
 def export_kv_io_methods(
     lm: CausalLm,
 ) -> tuple[dict[str, torch.export.ExportedProgram], tuple[torch.Tensor, torch.Tensor]]:
     """torch.export prefill and decode of the KV-as-IO wrapper (eager attention, one
-    `aten.rms_norm` per RMSNorm), and the rotary table the host feeds them from."""
+    `aten.rms_norm` per RMSNorm), and the rotary table the host feeds them from. Refuses a
+    model whose sliding-window layers' window is shorter than the context
+    (`sliding_window_below_context`)."""
+    window = sliding_window_below_context(lm)
+    if window is not None:
+        raise ConfigValidationError(
+            "prepare.max_seq_len", lm.spec.max_seq_len,
+            f"{type(lm.hf).__name__}'s sliding-window layers attend over the last {window} "
+            "tokens, and the export that keeps the cache in the host (qnn: the cache as "
+            "inputs and outputs) masks every layer as one causal attention over the whole "
+            f"context, so past {window} tokens its program would part from the model; use "
+            f"--max-seq-len {window} or less, or the xnnpack backend, whose cache keeps the "
+            "window",
+        )
     layout = kv_layout(lm)
     rope = rope_table(lm)
     # Eager attention: the SDPA path exports a "safe softmax" (any / where) QNN cannot lower.
