@@ -9,12 +9,13 @@ llama.cpp, see docs/llm.md):
 
 The shipped corpus (qnn_infer/evaluation/data) is cut into the evaluation's windows with the
 model's tokenizer; per window, the float model of the first run (its prepare artifact) is the
-reference and every other model is compared with it by `qnn_common.lm_metrics.score_window`:
-each run's fake-quantized model and program, and llama.cpp on the GGUF file the model comes from
-(`llama_cpp_peer.py --serve-logits`, one window at a time). The GGUF is Q4_1, and our float model
-is that GGUF dequantized: so llama.cpp's row is the cost of its own arithmetic (Q8 activations
-against Q4_1 weights), ours the cost of the recipe's. Prints one table; the figures are a
-sample of the corpus (`--tokens`), the intervals say how far they can move.
+reference and every other model is compared with it by
+`qnn_common.numerics.lm_metrics.score_window`: each run's fake-quantized model and program, and
+llama.cpp on the GGUF file the model comes from (`llama_cpp_peer.py --serve-logits`, one window at a
+time). The GGUF is Q4_1, and our float model is that GGUF dequantized: so llama.cpp's row is the
+cost of its own arithmetic (Q8 activations against Q4_1 weights), ours the cost of the recipe's.
+Prints one table; the figures are a sample of the corpus (`--tokens`), the intervals say how far
+they can move.
 
 `--weights-only` adds each run's fake-quantized model with its activations left in float
 (`qnn_quant.fused_qdq.float_activations`): what the recipe's weights alone cost, so a gap is
@@ -38,7 +39,7 @@ from host import describe_host
 from tables import render
 
 from qnn_common.config import Stage
-from qnn_common.lm_metrics import WindowScore, score_window, summarize_windows
+from qnn_common.numerics.lm_metrics import WindowScore, score_window, summarize_windows
 from qnn_infer.evaluation.corpus import MAX_WINDOW, windows
 from qnn_infer.evaluation.data import shipped
 from qnn_infer.evaluation.lm import logits

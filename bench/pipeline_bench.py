@@ -44,7 +44,7 @@ from tables import STAGES, render
 
 from qnn_common.cli.support import add_logging_args, setup_logging
 from qnn_common.config import CompileConfig, Stage
-from qnn_common.metrics import sqnr_db
+from qnn_common.numerics.metrics import sqnr_db
 from qnn_common.recipes import Backend, Recipe
 from qnn_common.soc import lookup_soc
 from qnn_common.target import Target

@@ -30,18 +30,12 @@ from typing import Any
 
 import torch
 
-from qnn_common.llm import method_steps, teacher_forced_logits
-from qnn_common.lm_metrics import perplexity
-from qnn_common.metrics import logits_accuracy
+from qnn_common.causal_lm.steps import method_steps, teacher_forced_logits
+from qnn_common.causal_lm.tables import rope_of, sink_of
+from qnn_common.numerics.lm_metrics import perplexity
+from qnn_common.numerics.metrics import logits_accuracy
 from qnn_common.sealing import load_manifest
-from qnn_common.stages import (
-    EVAL_INPUTS,
-    REFERENCE_FP32,
-    llm_spec_of,
-    program_files,
-    rope_of,
-    sink_of,
-)
+from qnn_common.stages import EVAL_INPUTS, REFERENCE_FP32, llm_spec_of, program_files
 from qnn_common.torchio.programs import load_methods
 from qnn_common.torchio.samples import load_samples
 from qnn_quant.fused_qdq import reference_module

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from stage_process import run_stage
 
-from qnn_common.metrics import sqnr_db
+from qnn_common.numerics.metrics import sqnr_db
 from qnn_common.sealing import load_manifest
 from qnn_infer.families.causal_lm import program_logits
 from qnn_prepare.causal_lm.smollm2 import SMOLLM2, save_smollm2

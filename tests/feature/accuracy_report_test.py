@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from qnn_common.metrics import cosine, sqnr_db
+from qnn_common.numerics.metrics import cosine, sqnr_db
 from qnn_common.recipes import Backend, Recipe
 from qnn_common.soc import lookup_soc
 from qnn_common.target import Target

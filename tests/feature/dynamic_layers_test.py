@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from qnn_common.config import CompileConfig
-from qnn_common.metrics import cosine, sqnr_db
+from qnn_common.numerics.metrics import cosine, sqnr_db
 from qnn_common.recipes import Backend, Recipe
 from qnn_common.target import Target
 from qnn_compile.backends import lowering_for

@@ -17,7 +17,7 @@ from torch import nn
 
 from qnn_common.config import CompileConfig
 from qnn_common.errors import ConfigValidationError
-from qnn_common.metrics import sqnr_db
+from qnn_common.numerics.metrics import sqnr_db
 from qnn_common.recipes import Backend, Recipe
 from qnn_common.soc import lookup_soc
 from qnn_common.target import Target

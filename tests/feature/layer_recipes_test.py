@@ -12,7 +12,7 @@ import torch
 from qnn_common.config import QuantizeConfig
 from qnn_common.errors import ConfigValidationError
 from qnn_common.layer_recipes import LayerRecipe
-from qnn_common.metrics import sqnr_db
+from qnn_common.numerics.metrics import sqnr_db
 from qnn_common.recipes import Backend, Recipe
 from qnn_common.soc import lookup_soc
 from qnn_common.target import Target

@@ -13,10 +13,11 @@ import numpy as np
 import pytest
 import torch
 
+from qnn_common.causal_lm.steps import StepLm
 from qnn_common.config import Stage
 from qnn_common.gates import EvalGates
-from qnn_common.llm import GenerationConfig, StepLm
-from qnn_common.lm_metrics import log_softmax, score_window
+from qnn_common.llm_spec import GenerationConfig
+from qnn_common.numerics.lm_metrics import log_softmax, score_window
 from qnn_common.recipes import Backend, Recipe
 from qnn_infer.evaluation.blocks import block_errors
 from qnn_infer.evaluation.data import shipped, with_eval_file

@@ -15,9 +15,10 @@ from typing import Any
 import pytest
 import torch
 
+from qnn_common.causal_lm.steps import feed, method_steps, without_sink
 from qnn_common.config import PrepareConfig, Stage
 from qnn_common.errors import ConfigValidationError
-from qnn_common.llm import GenerationConfig, feed, method_steps, without_sink
+from qnn_common.llm_spec import GenerationConfig
 from qnn_common.recipes import Backend
 from qnn_common.sealing import load_manifest
 from qnn_common.stages import PrepareInput, llm_spec_of

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from qnn_common.config import PrepareConfig, Stage
-from qnn_common.llm import GenerationConfig
+from qnn_common.llm_spec import GenerationConfig
 from qnn_common.sealing import load_manifest
 from qnn_common.stages import PrepareInput, llm_spec_of
 from qnn_infer.families.causal_lm import load_tokenizer, prompt_ids
@@ -108,7 +108,8 @@ def test_kv_io_export_opens_on_the_attention_sink(
     """The QNN form's cache opens on <|im_start|> (its BOS), computed in float: the sink table
     holds each layer's keys and values, every text runs after it (a chat conversation's own
     leading <|im_start|> dropped), and the fp32 reference is eager's logits after it."""
-    from qnn_common.stages import CALIBRATION, EVAL_INPUTS, REFERENCE_FP32, sink_of
+    from qnn_common.causal_lm.tables import sink_of
+    from qnn_common.stages import CALIBRATION, EVAL_INPUTS, REFERENCE_FP32
     from qnn_common.torchio.samples import load_samples
 
     config = PrepareConfig(model=str(sliced), kv_cache=True, kv_io=True, calibration_samples=2,

@@ -2,7 +2,7 @@
 
 QNN has no mutable buffers, so the program's prefill and decode methods take the past cache and
 return their new entries, and the host keeps the cache (qnn_prepare.causal_lm.kv_io and
-qnn_common.llm).
+qnn_common.causal_lm.steps).
 """
 
 from __future__ import annotations
@@ -15,21 +15,16 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from qnn_common.artifact import Artifact
+from qnn_common.causal_lm.steps import method_steps
+from qnn_common.causal_lm.tables import rope_of, sink_of
 from qnn_common.config import InferConfig, QuantizeConfig, Stage
 from qnn_common.errors import ConfigValidationError
 from qnn_common.layer_recipes import LayerRecipe
-from qnn_common.llm import GenerationConfig, method_steps
-from qnn_common.metrics import sqnr_db
+from qnn_common.llm_spec import GenerationConfig
+from qnn_common.numerics.metrics import sqnr_db
 from qnn_common.recipes import Backend, Recipe
 from qnn_common.sealing import load_manifest
-from qnn_common.stages import (
-    InferInput,
-    QuantizeInput,
-    llm_spec_of,
-    program_files,
-    rope_of,
-    sink_of,
-)
+from qnn_common.stages import InferInput, QuantizeInput, llm_spec_of, program_files
 from qnn_common.torchio.programs import load_program
 from qnn_infer.api import run_infer
 from qnn_infer.families.causal_lm import load_tokenizer, program_logits, prompt_ids

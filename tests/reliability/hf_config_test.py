@@ -223,7 +223,7 @@ def test_a_huge_chat_template_file_is_refused_before_it_is_read(tmp_path: Path) 
 def test_a_large_template_in_tokenizer_config_is_refused_before_rendering(tmp_path: Path) -> None:
     """A template inside tokenizer_config.json (bounded as JSON, at 16 MiB) is bounded again
     before Jinja parses it."""
-    from qnn_common.chat_template import render_chat_prompt
+    from qnn_common.torchio.chat_template import render_chat_prompt
     from qnn_infer.families.causal_lm import load_tokenizer
 
     artifact = tmp_path / "artifact"
@@ -236,7 +236,7 @@ def test_a_large_template_in_tokenizer_config_is_refused_before_rendering(tmp_pa
 
 
 def test_a_huge_prompt_is_refused_before_tokenizing() -> None:
-    from qnn_common.llm import GenerationConfig
+    from qnn_common.llm_spec import GenerationConfig
 
     with pytest.raises(ConfigValidationError, match="MiB") as info:
         GenerationConfig(prompt="word " * (2**20))

@@ -20,7 +20,7 @@ import pytest
 from qnn_common.artifact import Artifact
 from qnn_common.config import InferConfig
 from qnn_common.errors import ArtifactError, ConfigValidationError
-from qnn_common.llm import GenerationConfig
+from qnn_common.llm_spec import GenerationConfig
 from qnn_common.sealing import load_manifest, write_manifest
 from qnn_common.store.artifact_dir import check_output_dir
 from qnn_infer import cli as infer_cli

@@ -121,7 +121,7 @@ def test_a_prompt_that_is_not_utf8_is_one_error_line(tmp_path: Path) -> None:
 
 
 def test_generation_config_refuses_a_prompt_with_surrogates() -> None:
-    from qnn_common.llm import GenerationConfig
+    from qnn_common.llm_spec import GenerationConfig
 
     with pytest.raises(ConfigValidationError, match="UTF-8"):
         GenerationConfig(prompt="caf\udce9")
@@ -138,7 +138,7 @@ def _chat_artifact(tmp_path: Path, template: str) -> Path:
 
 
 def _chat_ids(artifact: Path, prompt: str = "Hi") -> list[int]:
-    from qnn_common.llm import GenerationConfig, LlmSpec
+    from qnn_common.llm_spec import GenerationConfig, LlmSpec
     from qnn_infer.families.causal_lm import prompt_ids
 
     spec = LlmSpec(max_seq_len=64, prefill_len=8, vocab_size=256)

@@ -19,7 +19,7 @@ from qnn_common.manifest import Manifest
 from qnn_common.sealing import check_stage, load_manifest
 
 if TYPE_CHECKING:
-    from qnn_common.torchio.programs import SavedProgram
+    from qnn_common.torchio.programs import SavedProgram  # pants: no-infer-dep
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,6 @@ from qnn_common import (
     errors,
     gates,
     layer_recipes,
-    llm,
     llm_spec,
     manifest,
     recipes,
@@ -27,6 +26,7 @@ from qnn_common import (
     target,
     weight_groups,
 )
+from qnn_common.causal_lm import steps
 
 CONTRACTS = tuple(
     m.__name__ for m in (errors, soc, recipes, weight_groups, layer_recipes, target, gates,
@@ -60,7 +60,7 @@ def test_contract_module_imports_without_heavy_packages(module: str) -> None:
 def test_the_refusal_is_real() -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     done = subprocess.run(
-        [sys.executable, "-c", _CHILD, llm.__name__, ",".join(HEAVY)],
+        [sys.executable, "-c", _CHILD, steps.__name__, ",".join(HEAVY)],
         env=env, capture_output=True, text=True, timeout=120, check=False,
     )
     assert done.returncode != 0 and "torch is not allowed here" in done.stderr

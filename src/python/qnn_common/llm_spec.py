@@ -1,6 +1,6 @@
 """A decoder LLM's shapes, tokens and generation settings: the contract types every stage and
 config reads, importable with the standard library alone (the runtime half, which drives the
-methods with tensors, is `qnn_common.llm`)."""
+methods with tensors, is `qnn_common.causal_lm.steps`)."""
 
 from __future__ import annotations
 

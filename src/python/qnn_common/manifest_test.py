@@ -555,7 +555,7 @@ def test_cache_key_changes_with_each_input() -> None:
 
 def test_streaming_tokens_is_not_part_of_the_infer_key_and_the_prompt_is() -> None:
     from qnn_common.config import InferConfig
-    from qnn_common.llm import GenerationConfig
+    from qnn_common.llm_spec import GenerationConfig
 
     def key(**generation: Any) -> str:
         config = InferConfig(generation=GenerationConfig(**generation))

@@ -96,7 +96,8 @@ class InferReport:
     for a causal LM its generation and perplexities. `bare_pte`: run from a bare .pte, whose
     recipe nothing recorded; `delegates` then names the backends its delegates are for.
     `next_token`: a causal LM's fake-quantized model and program against eager fp32 token by
-    token (`qnn_common.lm_metrics`: KL divergence, same top token, perplexity intervals)."""
+    token (`qnn_common.numerics.lm_metrics`: KL divergence, same top token, perplexity
+    intervals)."""
 
     vs_fp32: Comparison | None = None
     vs_fake_quant: Comparison | None = None

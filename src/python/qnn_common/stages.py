@@ -11,17 +11,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
 from qnn_common.artifact import Artifact
 from qnn_common.config import CompileConfig, InferConfig, PrepareConfig, QuantizeConfig
 from qnn_common.errors import ArtifactError, PipelineError
-from qnn_common.llm import LlmSpec, SinkTable
+from qnn_common.llm_spec import LlmSpec
 from qnn_common.manifest import Manifest, ProgramRecord
 from qnn_common.recipes import Recipe
 from qnn_common.store.atomic import atomic_copy
 from qnn_common.target import Target
-from qnn_common.torchio.samples import load_samples
 
 # File names inside artifact directories.
 # Every program artifact (prepare, quantize) holds one torch.export ExportedProgram (fp32 or
@@ -80,34 +77,6 @@ def program_of(source: Path, manifest: Manifest) -> ProgramRecord:
 def program_files(source: Path, manifest: Manifest) -> dict[str, str]:
     """Method name -> exported program file of a prepare or quantize artifact, in order."""
     return {m: method_program(m) for m in program_of(source, manifest).methods}
-
-
-def rope_of(source: Path, manifest: Manifest) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """The rotary table a KV-as-inputs LLM artifact carries, or None."""
-    if manifest.file(ROPE_TABLE) is None:
-        return None
-    samples = load_samples(source / ROPE_TABLE)
-    if len(samples) != 1 or len(samples[0]) != 2:
-        raise ArtifactError(source / ROPE_TABLE, "expected one (cos, sin) pair")
-    cos, sin = samples[0]
-    return cos, sin
-
-
-def sink_sample(table: SinkTable) -> tuple[torch.Tensor, ...]:
-    """An attention sink's keys and values per layer as `SINK_TABLE` stores them: one sample
-    (k_0, v_0, k_1, v_1, ...); `sink_of` reads it back."""
-    return tuple(t for kv in table for t in kv)
-
-
-def sink_of(source: Path, manifest: Manifest) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
-    """The attention sink's keys and values per layer an LLM artifact carries, or None."""
-    if manifest.file(SINK_TABLE) is None:
-        return None
-    samples = load_samples(source / SINK_TABLE)
-    if len(samples) != 1 or len(samples[0]) % 2:
-        raise ArtifactError(source / SINK_TABLE, "expected one (k, v, k, v, ...) tuple")
-    flat = samples[0]
-    return [(flat[i], flat[i + 1]) for i in range(0, len(flat), 2)]
 
 
 def llm_spec_of(source: Path, manifest: Manifest) -> LlmSpec | None:

@@ -22,7 +22,7 @@ from qnn_common.cli.support import (
 from qnn_common.config import InferConfig
 from qnn_common.errors import ConfigValidationError
 from qnn_common.gates import AccuracyGates, default_accuracy_gates, next_token_bounds
-from qnn_common.llm import GenerationConfig, check_seed
+from qnn_common.llm_spec import GenerationConfig, check_seed
 from qnn_common.recipes import Recipe
 from qnn_common.stages import InferInput
 from qnn_infer.deadline import set_run_timeout

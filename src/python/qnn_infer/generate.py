@@ -1,7 +1,7 @@
 """Text generation over a causal-LM .pte (``prefill`` + ``decode`` sharing a KV cache).
 
-The program keeps the cache; the host feeds the prompt (`qnn_common.llm.feed`), then one token at
-a time through decode, picking each next token greedily or by seeded sampling (temperature,
+The program keeps the cache; the host feeds the prompt (`qnn_common.causal_lm.steps.feed`), then one
+token at a time through decode, picking each next token greedily or by seeded sampling (temperature,
 top-k, top-p), until a stop token or `max_new_tokens`. Timing follows the usual LLM report: time
 to first token (the prompt's prefill plus picking the first token), prefill tokens/s over the
 prompt, decode tokens/s over the tokens after the first.
@@ -18,19 +18,10 @@ from typing import Any
 
 import torch
 
+from qnn_common.causal_lm.steps import SinkTable, StepFn, feed, method_steps
 from qnn_common.cli.noise import native_noise_filtered
 from qnn_common.errors import ArtifactError, StageError
-from qnn_common.llm import (
-    DECODE,
-    PREFILL,
-    GenerationConfig,
-    LlmSpec,
-    SinkTable,
-    StepFn,
-    check_fits,
-    feed,
-    method_steps,
-)
+from qnn_common.llm_spec import DECODE, PREFILL, GenerationConfig, LlmSpec, check_fits
 from qnn_common.recipes import BACKENDS, Backend
 from qnn_infer.deadline import bound_for, bounded
 from qnn_infer.runtimes import host_runtime

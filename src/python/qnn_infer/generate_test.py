@@ -12,7 +12,7 @@ import torch
 
 from qnn_common.cli import noise
 from qnn_common.errors import ConfigValidationError
-from qnn_common.llm import DECODE, PREFILL, GenerationConfig, LlmSpec
+from qnn_common.llm_spec import DECODE, PREFILL, GenerationConfig, LlmSpec
 from qnn_common.recipes import Backend
 from qnn_infer import generate as generate_module
 from qnn_infer.generate import PteLm, generate, pick_next, prompt_rest_decode_up_to

@@ -13,9 +13,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from qnn_common import metrics
 from qnn_common.config import MAX_RUNS, MAX_WARMUP
 from qnn_common.errors import ConfigValidationError
+from qnn_common.numerics import metrics
 from qnn_infer.runner import Runner, describe
 
 log = logging.getLogger(__name__)

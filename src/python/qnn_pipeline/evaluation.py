@@ -16,7 +16,7 @@ from qnn_common.cli.noise import native_noise_filtered
 from qnn_common.config import Stage
 from qnn_common.errors import ConfigValidationError
 from qnn_common.gates import EvalGates
-from qnn_common.llm import GenerationConfig
+from qnn_common.llm_spec import GenerationConfig
 from qnn_common.recipes import BACKENDS, Backend, Recipe
 from qnn_common.store.atomic import atomic_write_text
 from qnn_infer.evaluation.data import shipped, with_eval_file

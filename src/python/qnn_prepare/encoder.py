@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from qnn_common.errors import ArtifactError, BackendNotAvailableError, ConfigValidationError
-from qnn_common.llm import MASK_VALUE
+from qnn_common.llm_spec import MASK_VALUE
 from qnn_common.torchio.hf_untrusted import HF_LOAD, read_hf_json_value
 from qnn_prepare.hf_dir import WEIGHT_ERRORS, HfDir, example_tokens, open_hf_dir, read_json
 from qnn_prepare.task import LoadedModel

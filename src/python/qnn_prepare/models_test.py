@@ -11,7 +11,7 @@ import torch
 
 from qnn_common.config import PrepareConfig
 from qnn_common.errors import ArtifactError, ConfigValidationError
-from qnn_common.llm import MASK_VALUE
+from qnn_common.llm_spec import MASK_VALUE
 from qnn_common.stages import PROGRAM, PrepareInput, method_program
 from qnn_prepare.causal_lm.task import LogitsLm
 from qnn_prepare.causal_lm.tiny_decoders import save_tiny_llama

@@ -3,9 +3,9 @@
 - `program_calibration`: samples (positional inputs, or `ModelInputs`) through one program,
   each checked against its inputs before any work;
 - `causal_lm_calibration`: texts through a causal LM's prefill and decode the way the runtime
-  feeds them (`qnn_common.llm.feed`: chunks through prefill, a short tail through decode), the
-  state the model updates in place put back between texts (`initial_state`); the methods share
-  one set of scales (`shared_scales`), and 8da4w smooths blocks on the first few texts
+  feeds them (`qnn_common.causal_lm.steps.feed`: chunks through prefill, a short tail through
+  decode), the state the model updates in place put back between texts (`initial_state`); the
+  methods share one set of scales (`shared_scales`), and 8da4w smooths blocks on the first few texts
   (`qnn_quant.smoothed_blocks`).
 """
 
@@ -19,8 +19,9 @@ import torch
 from torch.export import ExportedProgram
 from tqdm import tqdm
 
+from qnn_common.causal_lm.steps import SinkTable, feed, method_steps
 from qnn_common.errors import ConfigValidationError
-from qnn_common.llm import LlmSpec, SinkTable, feed, method_steps
+from qnn_common.llm_spec import LlmSpec
 from qnn_common.torchio.samples import ModelInputs, as_model_inputs
 from qnn_quant.method_modules import module_runner
 from qnn_quant.smoothed_blocks import BlockScale

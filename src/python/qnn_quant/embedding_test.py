@@ -12,7 +12,7 @@ from torch import nn
 
 from qnn_common.config import QuantizeConfig
 from qnn_common.errors import ConfigValidationError
-from qnn_common.metrics import sqnr_db
+from qnn_common.numerics.metrics import sqnr_db
 from qnn_common.recipes import Recipe
 from qnn_common.weight_groups import EmbeddingWeights
 from qnn_quant.engine import quantize_one

@@ -8,7 +8,7 @@ import torch
 
 from qnn_common.config import QuantizeConfig
 from qnn_common.errors import ConfigValidationError
-from qnn_common.metrics import cosine
+from qnn_common.numerics.metrics import cosine
 from qnn_common.recipes import Backend, Recipe
 from qnn_common.soc import lookup_soc
 from qnn_common.target import Target

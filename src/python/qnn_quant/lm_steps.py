@@ -9,10 +9,11 @@ from pathlib import Path
 
 import torch
 
+from qnn_common.causal_lm.steps import StepLm, method_steps
+from qnn_common.causal_lm.tables import rope_of, sink_of
 from qnn_common.errors import ArtifactError
-from qnn_common.llm import StepLm, method_steps
 from qnn_common.sealing import load_manifest
-from qnn_common.stages import llm_spec_of, program_files, quantized_for, rope_of, sink_of
+from qnn_common.stages import llm_spec_of, program_files, quantized_for
 from qnn_common.torchio.programs import load_methods
 from qnn_quant.block_taps import BlockTap
 from qnn_quant.fused_qdq import float_activations, fold_weight_dequantize, reference_module

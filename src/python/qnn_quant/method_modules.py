@@ -10,8 +10,9 @@ from typing import TypeVar
 import torch
 from torch.export import ExportedProgram
 
+from qnn_common.causal_lm.steps import MethodRunner
 from qnn_common.cli.noise import native_noise_filtered
-from qnn_common.llm import DECODE, PREFILL, LlmSpec, MethodRunner
+from qnn_common.llm_spec import DECODE, PREFILL, LlmSpec
 from qnn_common.torchio.known_weights import buffers_written
 
 ModuleT = TypeVar("ModuleT", bound=torch.nn.Module)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from qnn_common.llm import DECODE, PREFILL, LlmSpec
+from qnn_common.llm_spec import DECODE, PREFILL, LlmSpec
 from qnn_quant.method_modules import lm_modules, module_runner
 
 VOCAB, HIDDEN, PREFILL_LEN, CONTEXT = 32, 8, 4, 8

@@ -8,7 +8,7 @@ import torch
 from torch.export import ExportedProgram
 
 from qnn_common.errors import ConfigValidationError
-from qnn_common.metrics import cosine
+from qnn_common.numerics.metrics import cosine
 from qnn_common.recipes import Backend, Recipe
 from qnn_common.target import Target
 from qnn_common.torchio.samples import Sample

@@ -32,7 +32,7 @@ from typing import Any, NamedTuple
 import torch
 from torch.export import ExportedProgram
 
-from qnn_common import metrics
+from qnn_common.numerics import metrics
 from qnn_common.torchio.program_state import initial_buffers_kept
 from qnn_common.torchio.samples import flatten_outputs
 from qnn_quant.fused_qdq import fuse_qdq_pairs
@@ -70,9 +70,9 @@ def accuracy_report(
 ) -> dict[str, Any]:
     """Compare `quantized` with `fp32` on `samples`; a JSON-serializable dict.
 
-    Keys: ``num_samples``; ``vs_fp32``: `qnn_common.metrics.accuracy_record` of the outputs (the
-    schema infer uses too); ``worst_layers``: the `top_k` lowest-SQNR layers ``{layer, node, op,
-    sqnr_db, cosine}`` (layer = nn.Module path, or the node name if it has none);
+    Keys: ``num_samples``; ``vs_fp32``: `qnn_common.numerics.metrics.accuracy_record` of the
+    outputs (the schema infer uses too); ``worst_layers``: the `top_k` lowest-SQNR layers ``{layer,
+    node, op, sqnr_db, cosine}`` (layer = nn.Module path, or the node name if it has none);
     ``layers_compared``.
     Infinite SQNRs (no error at all) are written as the string ``"inf"`` (``"-inf"`` for a zero
     reference), since JSON has no infinity.

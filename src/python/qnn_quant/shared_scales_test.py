@@ -12,7 +12,7 @@ from torch import nn
 
 from qnn_common.config import QuantizeConfig
 from qnn_common.errors import StageError
-from qnn_common.llm import DECODE, PREFILL, LlmSpec
+from qnn_common.llm_spec import DECODE, PREFILL, LlmSpec
 from qnn_common.recipes import Backend, Recipe
 from qnn_common.soc import lookup_soc
 from qnn_common.target import Target

@@ -8,7 +8,7 @@ import copy
 import torch
 from torch import nn
 
-from qnn_common.metrics import sqnr_db
+from qnn_common.numerics.metrics import sqnr_db
 from qnn_quant.intx import quantize_graph_8da4w, split_asymmetric
 from qnn_quant.smoothed_blocks import (
     BlockScale,

@@ -12,7 +12,8 @@ from collections.abc import Callable, Sequence
 import torch
 from torch.export import ExportedProgram
 
-from qnn_common.llm import LlmSpec, feed, method_steps
+from qnn_common.causal_lm.steps import feed, method_steps
+from qnn_common.llm_spec import LlmSpec
 from qnn_quant.method_modules import module_runner, share_state, written_buffers
 from qnn_quant.smoothed_blocks import (
     MAX_ROWS,

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from qnn_common.metrics import cosine, max_abs_error, sqnr_db
+from qnn_common.numerics.metrics import cosine, max_abs_error, sqnr_db
 
 Array = npt.NDArray[np.float64]
 

@@ -11,7 +11,7 @@ from typing import TypeVar
 import torch
 from torch.export import ExportedProgram
 
-from qnn_common.metrics import sqnr_db
+from qnn_common.numerics.metrics import sqnr_db
 from qnn_common.recipes import WeightRounding
 
 K = TypeVar("K")

@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 import torch
 
-from qnn_common.llm import StepLm
+from qnn_common.causal_lm.steps import StepLm
 from qnn_infer.evaluation.lm import logits
 
 

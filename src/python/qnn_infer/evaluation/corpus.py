@@ -1,8 +1,8 @@
 """Next-token figures over a corpus: each document cut into windows of the context's length,
 every candidate's logits scored against the float model's window by window
-(`qnn_common.lm_metrics.score_window`), so that no model's logits for the whole corpus are ever
-held. A slow candidate (the HTP emulator's program) can be limited to the first windows; the
-report says over how many tokens each ran."""
+(`qnn_common.numerics.lm_metrics.score_window`), so that no model's logits for the whole corpus
+are ever held. A slow candidate (the HTP emulator's program) can be limited to the first windows;
+the report says over how many tokens each ran."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from qnn_common.llm import StepLm
-from qnn_common.lm_metrics import WindowScore, score_window, summarize_windows
+from qnn_common.causal_lm.steps import StepLm
+from qnn_common.numerics.lm_metrics import WindowScore, score_window, summarize_windows
 from qnn_infer.evaluation.data import Document
 from qnn_infer.evaluation.lm import logits
 

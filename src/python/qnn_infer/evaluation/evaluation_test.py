@@ -16,9 +16,9 @@ from typing import Any, cast
 import numpy as np
 import pytest
 
+from qnn_common.causal_lm.steps import StepLm
 from qnn_common.errors import ArtifactError
 from qnn_common.gates import EvalGates, default_eval_gates
-from qnn_common.llm import StepLm
 from qnn_common.recipes import Recipe
 from qnn_infer.evaluation import corpus, data, tasks
 from qnn_infer.evaluation.data import Document, EvalData, PromptCase, TaskItem, spread

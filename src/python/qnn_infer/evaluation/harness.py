@@ -9,8 +9,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from qnn_common.causal_lm.steps import StepLm
 from qnn_common.errors import ConfigValidationError
-from qnn_common.llm import StepLm
 from qnn_infer.evaluation.blocks import Tap, block_errors
 from qnn_infer.evaluation.corpus import MAX_WINDOW, score_corpus, windows
 from qnn_infer.evaluation.data import EvalData, spread

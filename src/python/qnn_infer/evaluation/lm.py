@@ -1,6 +1,6 @@
-"""What the evaluation asks of a language model (`qnn_common.llm.StepLm`: prefill and decode
-steps, whatever runs them), so that every model is scored by the same code on the same tokens:
-teacher-forced logits and greedy replies."""
+"""What the evaluation asks of a language model (`qnn_common.causal_lm.steps.StepLm`: prefill and
+decode steps, whatever runs them), so that every model is scored by the same code on the same
+tokens: teacher-forced logits and greedy replies."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from qnn_common.llm import StepLm, feed
+from qnn_common.causal_lm.steps import StepLm, feed
 
 Logits = npt.NDArray[np.float32]
 

@@ -6,9 +6,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from qnn_common.chat_template import render_chat_prompt
-from qnn_common.llm import GenerationConfig, StepLm, without_sink
+from qnn_common.causal_lm.steps import StepLm, without_sink
+from qnn_common.llm_spec import GenerationConfig
 from qnn_common.stages import TOKENIZER_DIR
+from qnn_common.torchio.chat_template import render_chat_prompt
 from qnn_infer.evaluation.harness import Text
 from qnn_infer.families.causal_lm import load_tokenizer, open_program_lm
 from qnn_infer.generate import PteLm, prompt_rest_decode_up_to

@@ -10,8 +10,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from qnn_common.llm import StepLm
-from qnn_common.lm_metrics import NEAR_TIE_NATS
+from qnn_common.causal_lm.steps import StepLm
+from qnn_common.numerics.lm_metrics import NEAR_TIE_NATS
 from qnn_infer.evaluation.data import PromptCase, spread
 from qnn_infer.evaluation.lm import Reply, greedy
 

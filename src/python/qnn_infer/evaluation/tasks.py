@@ -11,8 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from qnn_common.llm import StepLm
-from qnn_common.lm_metrics import log_softmax
+from qnn_common.causal_lm.steps import StepLm
+from qnn_common.numerics.lm_metrics import log_softmax
 from qnn_infer.evaluation.data import TaskItem, spread
 from qnn_infer.evaluation.lm import continued, logits
 

@@ -2,11 +2,11 @@
 
 The eval texts travel with the artifact (token sequences) together with the eager HF model's
 logits on them (fp32) and the fake-quantized program's: feeding each text through the .pte gives
-logits at every position, compared with `qnn_common.metrics.logits_accuracy` (SQNR, cosine and
-argmax agreement), and the perplexity of the texts under each of the three; the fake-quantized
-model and the program are also compared with eager fp32 next token by next token
-(`qnn_common.lm_metrics`: KL divergence, same top token, perplexity intervals). Then the program
-generates from the prompt, timed. `run` is infer for this family (`qnn_infer.families`).
+logits at every position, compared with `qnn_common.numerics.metrics.logits_accuracy` (SQNR,
+cosine and argmax agreement), and the perplexity of the texts under each of the three; the
+fake-quantized model and the program are also compared with eager fp32 next token by next token
+(`qnn_common.numerics.lm_metrics`: KL divergence, same top token, perplexity intervals). Then the
+program generates from the prompt, timed. `run` is infer for this family (`qnn_infer.families`).
 """
 
 from __future__ import annotations
@@ -19,21 +19,15 @@ from typing import Any
 import torch
 
 from qnn_common.artifact import Artifact
-from qnn_common.chat_template import render_chat_prompt
+from qnn_common.causal_lm.steps import SinkTable, feed, teacher_forced_logits, without_sink
+from qnn_common.causal_lm.tables import rope_of, sink_of
 from qnn_common.cli.noise import native_noise_filtered
 from qnn_common.config import InferConfig
 from qnn_common.errors import ArtifactError, ConfigValidationError
-from qnn_common.llm import (
-    GenerationConfig,
-    LlmSpec,
-    SinkTable,
-    feed,
-    teacher_forced_logits,
-    without_sink,
-)
-from qnn_common.lm_metrics import compare_next_tokens, perplexity, perplexity_interval
+from qnn_common.llm_spec import GenerationConfig, LlmSpec
 from qnn_common.manifest import Manifest
-from qnn_common.metrics import logits_accuracy
+from qnn_common.numerics.lm_metrics import compare_next_tokens, perplexity, perplexity_interval
+from qnn_common.numerics.metrics import logits_accuracy
 from qnn_common.recipes import Backend
 from qnn_common.sealing import load_manifest
 from qnn_common.stages import (
@@ -45,10 +39,9 @@ from qnn_common.stages import (
     InferInput,
     compiled_for,
     llm_spec_of,
-    rope_of,
-    sink_of,
 )
 from qnn_common.store.artifact_dir import begin_artifact
+from qnn_common.torchio.chat_template import render_chat_prompt
 from qnn_common.torchio.hf_untrusted import HF_LOAD, refuse_custom_code
 from qnn_common.torchio.samples import load_samples
 from qnn_infer.families import single

@@ -16,7 +16,7 @@ from qnn_common.artifact import Artifact
 from qnn_common.config import InferConfig
 from qnn_common.errors import ConfigValidationError
 from qnn_common.manifest import Manifest
-from qnn_common.metrics import compare_samples
+from qnn_common.numerics.metrics import compare_samples
 from qnn_common.recipes import Recipe
 from qnn_common.stages import (
     ETDUMP,

@@ -7,7 +7,8 @@ scale per tensor, the residual stream's 16-bit grid must span that value, so eve
 token's residual rounds about 35x more coarsely than it needs to.
 
 The sink's keys and values depend on nothing but its token, so they are computed once, here, by
-the float program, and the host puts them in the cache's first slot (`qnn_common.llm.KvIoCache`).
+the float program, and the host puts them in the cache's first slot
+(`qnn_common.causal_lm.steps.KvIoCache`).
 The exported methods then only ever compute tokens after it: calibration never sees the
 outsized values and the ranges it sets are those of ordinary tokens. The token is the
 tokenizer's BOS, which an instruct model's chat template opens every conversation with (for
@@ -22,7 +23,8 @@ from collections.abc import Mapping
 
 import torch
 
-from qnn_common.llm import PREFILL, KvIoCache, LlmSpec
+from qnn_common.causal_lm.steps import KvIoCache
+from qnn_common.llm_spec import PREFILL, LlmSpec
 from qnn_prepare.causal_lm.export import CausalLm
 
 

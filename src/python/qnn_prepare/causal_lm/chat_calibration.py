@@ -9,7 +9,7 @@ HTP). Upstream's QNN LLM export calibrates instruct models on chat-formatted sam
 same reason. Half of an instruct model's calibration windows are conversations built from the
 calibration text (a sentence as the user's turn, the sentences after it as the assistant's),
 rendered with the model's own template in the bounded renderer every foreign template goes
-through (`qnn_common.chat_template`).
+through (`qnn_common.torchio.chat_template`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from qnn_common.chat_template import render_chat
+from qnn_common.torchio.chat_template import render_chat
 from qnn_prepare.causal_lm.export import CausalLm
 
 # Sentences the assistant's turn starts with: enough to fill any window in this repo's shapes,

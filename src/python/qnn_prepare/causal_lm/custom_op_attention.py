@@ -13,7 +13,7 @@ The cache holds ``[batch, max_seq_len, kv_heads, head_dim]`` (the ops' layout: p
 heads), float32 whatever the model's dtype (the ops compute in float32). The start position is
 the first of the call's positions, read once per call (`cache_position[0]`) and handed to every
 layer through transformers' attention keyword arguments: the methods are called with
-consecutive positions, as `qnn_common.llm` does.
+consecutive positions, as `qnn_common.causal_lm.steps` does.
 
 The program then needs the ops' kernels: ExecuTorch's pip package registers them when
 `executorch.extension.llm.custom_ops.custom_ops` is imported (`qnn_common.torchio.programs`

@@ -2,8 +2,8 @@
 
 The cache is transformers' own ExecuTorch integration (`TorchExportableModuleWithStaticCache`:
 a `StaticCache` registered as buffers, written in place), so the program carries its state and
-the host only feeds tokens and positions (see `qnn_common.llm`). Both methods come from one
-module, so their weights and cache buffers have the same names; compile lowers them into one
+the host only feeds tokens and positions (see `qnn_common.causal_lm.steps`). Both methods come from
+one module, so their weights and cache buffers have the same names; compile lowers them into one
 .pte in which the cache is shared (`share_mutable_buffers`).
 
 Sources: a local Hugging Face directory of any decoder transformers' Auto classes know, or the
@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from qnn_common.errors import ArtifactError, ConfigValidationError
-from qnn_common.llm import DECODE, PREFILL, LlmSpec, check_fits
+from qnn_common.llm_spec import DECODE, PREFILL, LlmSpec, check_fits
 from qnn_common.torchio.hf_untrusted import HF_LOAD, check_model_dir, read_hf_json
 from qnn_prepare.causal_lm import custom_op_attention, grouped_attention
 from qnn_prepare.causal_lm.smollm2 import SMOLLM2, gguf_path, save_smollm2

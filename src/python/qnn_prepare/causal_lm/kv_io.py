@@ -2,10 +2,10 @@
 
 For backends without mutable buffers (QNN HTP): each method takes the past cache as inputs and
 returns only the keys and values of its own tokens; the host keeps the cache and writes them
-back (`qnn_common.llm.KvIoCache`). The rotary position embedding (cos / sin, from a table the
-model computes once at export) and the attention mask are inputs too, computed on the host:
-transformers' mask building (arange / index / vmap) does not lower to QNN while an additive 4-D
-mask is a plain add, and positions as integers would need an int -> float cast in the graph,
+back (`qnn_common.causal_lm.steps.KvIoCache`). The rotary position embedding (cos / sin, from a
+table the model computes once at export) and the attention mask are inputs too, computed on the
+host: transformers' mask building (arange / index / vmap) does not lower to QNN while an additive
+4-D mask is a plain add, and positions as integers would need an int -> float cast in the graph,
 which QNN's quantized lowering mishandles (qnn_quant.quantizers.qnn); cos / sin in [-1, 1]
 quantize well. The past of a method holding n tokens is ``max_seq_len - n`` slots, so both
 methods read the same host cache, each a prefix of it.
@@ -20,8 +20,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from qnn_common.causal_lm.steps import KvIoCache
 from qnn_common.errors import ConfigValidationError
-from qnn_common.llm import DECODE, PREFILL, KvIoCache, KvLayout
+from qnn_common.llm_spec import DECODE, PREFILL, KvLayout
 from qnn_prepare.causal_lm.export import CausalLm
 
 

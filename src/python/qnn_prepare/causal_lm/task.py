@@ -23,9 +23,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from qnn_common.causal_lm.steps import without_sink
+from qnn_common.causal_lm.tables import sink_sample
 from qnn_common.config import PrepareConfig
-from qnn_common.llm import MASK_VALUE, without_sink
-from qnn_common.stages import ROPE_TABLE, SINK_TABLE, TOKENIZER_DIR, sink_sample
+from qnn_common.llm_spec import MASK_VALUE
+from qnn_common.stages import ROPE_TABLE, SINK_TABLE, TOKENIZER_DIR
 from qnn_common.torchio.hf_untrusted import HF_LOAD
 from qnn_prepare.causal_lm.attention_sink import sink_table, sink_token
 from qnn_prepare.causal_lm.chat_calibration import chat_sequences

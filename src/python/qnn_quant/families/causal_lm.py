@@ -12,19 +12,13 @@ from pathlib import Path
 
 import torch
 
+from qnn_common.causal_lm.steps import method_steps, teacher_forced_logits
+from qnn_common.causal_lm.tables import rope_of, sink_of
 from qnn_common.errors import ArtifactError
-from qnn_common.llm import DECODE, PREFILL, method_steps, teacher_forced_logits
+from qnn_common.llm_spec import DECODE, PREFILL
 from qnn_common.manifest import Manifest
-from qnn_common.metrics import logits_accuracy
-from qnn_common.stages import (
-    CALIBRATION,
-    EVAL_INPUTS,
-    REFERENCE_FP32,
-    QuantizeInput,
-    llm_spec_of,
-    rope_of,
-    sink_of,
-)
+from qnn_common.numerics.metrics import logits_accuracy
+from qnn_common.stages import CALIBRATION, EVAL_INPUTS, REFERENCE_FP32, QuantizeInput, llm_spec_of
 from qnn_common.torchio.samples import load_samples
 from qnn_quant.calibration import causal_lm_calibration
 from qnn_quant.engine import quantize_methods

@@ -13,7 +13,7 @@ import torch
 
 from qnn_common.errors import ArtifactError
 from qnn_common.manifest import Manifest
-from qnn_common.metrics import compare_samples
+from qnn_common.numerics.metrics import compare_samples
 from qnn_common.stages import (
     CALIBRATION,
     EVAL_INPUTS,

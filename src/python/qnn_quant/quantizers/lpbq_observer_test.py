@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from qnn_common.metrics import sqnr_db
+from qnn_common.numerics.metrics import sqnr_db
 from qnn_common.recipes import Backend, Recipe
 from qnn_common.soc import lookup_soc
 from qnn_common.target import Target

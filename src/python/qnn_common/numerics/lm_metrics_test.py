@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from qnn_common.lm_metrics import (
+from qnn_common.numerics.lm_metrics import (
     compare_next_tokens,
     kl_divergence,
     log_softmax,

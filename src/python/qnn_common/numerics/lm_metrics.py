@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from qnn_common.metrics import json_float
+from qnn_common.numerics.metrics import json_float
 
 Floats = npt.NDArray[np.float64]
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from qnn_common.causal_lm.steps import feed, teacher_forced_logits
 from qnn_common.errors import ConfigValidationError
-from qnn_common.llm import GenerationConfig, LlmSpec, check_fits, feed, teacher_forced_logits
+from qnn_common.llm_spec import GenerationConfig, LlmSpec, check_fits
 
 VOCAB = 50
 

@@ -9,8 +9,8 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from qnn_common.lm_metrics import perplexity
-from qnn_common.metrics import ErrorStats, cosine, max_abs_error, sqnr_db
+from qnn_common.numerics.lm_metrics import perplexity
+from qnn_common.numerics.metrics import ErrorStats, cosine, max_abs_error, sqnr_db
 
 
 def test_sqnr_of_known_noise() -> None:

@@ -21,16 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from qnn_common.errors import ConfigValidationError
-from qnn_common.llm_spec import DECODE as DECODE  # re-exported: the contract types live there
-from qnn_common.llm_spec import MASK_VALUE as MASK_VALUE
-from qnn_common.llm_spec import METHODS as METHODS
-from qnn_common.llm_spec import PREFILL as PREFILL
-from qnn_common.llm_spec import SEED_LIMIT as SEED_LIMIT
-from qnn_common.llm_spec import GenerationConfig as GenerationConfig
-from qnn_common.llm_spec import KvLayout as KvLayout
-from qnn_common.llm_spec import LlmSpec as LlmSpec
-from qnn_common.llm_spec import check_fits as check_fits
-from qnn_common.llm_spec import check_seed as check_seed
+from qnn_common.llm_spec import DECODE, MASK_VALUE, PREFILL, KvLayout, LlmSpec
 
 # (input_ids [1, n] int64, cache_position [n] int64) -> logits [1, n, vocab]
 StepFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
