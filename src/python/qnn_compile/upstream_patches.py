@@ -1,11 +1,14 @@
-"""Every torch and ExecuTorch attribute qnn_compile replaces while it lowers, in one index.
+"""Every torch and ExecuTorch attribute the pipeline replaces, in one index: qnn_common's
+(`qnn_common.upstream_patches.PATCHES`, torch.export's loader) and qnn_compile's, which it
+replaces while it lowers.
 
-Each replacement is a `ScopedPatch` held by one module (its `_PATCH`), in place only while a
-lowering runs (scoped_patch.py). This index says what each replaces, why, which upstream it was
-written against, and which test pins what it must keep doing. `upstream_patches_test.py` holds
-the index to the code (every ScopedPatch listed, with exactly the attributes it replaces) and to
-the installed packages: a torch or ExecuTorch upgrade fails it until each patch has been read
-again against the new upstream code and `WRITTEN_FOR` moved.
+Each of qnn_compile's replacements is a `ScopedPatch` held by one module (its `_PATCH`), in place
+only while a lowering runs (scoped_patch.py). This index says what each replaces, why, which
+upstream it was written against, and which test pins what it must keep doing.
+`upstream_patches_test.py` holds the index to the code (every ScopedPatch listed, with exactly the
+attributes it replaces; every attribute listed still upstream) and to the installed packages: a
+torch or ExecuTorch upgrade fails it until each patch has been read again against the new
+upstream code and `WRITTEN_FOR` moved.
 
 Not listed, since it changes no upstream behaviour: `progress.logging_partitions` wraps a
 backend's `preprocess` to log each partition compiled.
@@ -13,28 +16,14 @@ backend's `preprocess` to log each partition compiled.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-# The upstream (major.minor) every patch below was read against.
-WRITTEN_FOR = {"torch": "2.13", "executorch": "1.5"}
-
-
-@dataclass(frozen=True)
-class UpstreamPatch:
-    """One module's replacements: `module` is ours (qnn_compile.<module>, holding `_PATCH`)."""
-
-    module: str
-    # Upstream attributes, "package.module.attribute" or "package.module.Class.attribute".
-    replaces: frozenset[str]
-    why: str
-    test: str  # the test that fails if the replacement stops doing what the stock code did
-    # Attributes upstream does not define and the patch adds while active.
-    adds: frozenset[str] = frozenset()
-
+from qnn_common.upstream_patches import PATCHES as COMMON_PATCHES
+from qnn_common.upstream_patches import WRITTEN_FOR as WRITTEN_FOR  # one pin for every patch
+from qnn_common.upstream_patches import UpstreamPatch as UpstreamPatch
 
 PATCHES = (
+    *COMMON_PATCHES,
     UpstreamPatch(
-        "cia_ops",
+        "qnn_compile.cia_ops",
         frozenset({
             "torch._export.utils._materialize_cpp_cia_ops",
             "torch._export.utils._collect_all_valid_cia_ops",
@@ -46,7 +35,7 @@ PATCHES = (
         "src/python/qnn_compile/cia_ops_test.py",
     ),
     UpstreamPatch(
-        "context_cache",
+        "qnn_compile.context_cache",
         frozenset({"executorch.backends.qualcomm.qnn_preprocess.QnnBackend"
                    ".preprocess_multimethod"}),
         "HTP contexts built one partition and method at a time and kept by what they are built "
@@ -54,7 +43,7 @@ PATCHES = (
         "tests/qnn/qnn_context_cache_test.py",
     ),
     UpstreamPatch(
-        "node_sources",
+        "qnn_compile.node_sources",
         frozenset(),
         "each pass that deep-copies a graph shares the nodes' provenance records instead of "
         "copying every node's whole history (left alone if torch defines the copy itself)",
@@ -62,14 +51,14 @@ PATCHES = (
         adds=frozenset({"torch.fx.traceback.NodeSource.__deepcopy__"}),
     ),
     UpstreamPatch(
-        "partition_legalize",
+        "qnn_compile.partition_legalize",
         frozenset({"executorch.exir.lowered_backend_module.legalize_graph"}),
         "the topological re-sort after each partition cut moves nodes instead of copying the "
         "whole program once per partition",
         "src/python/qnn_compile/partition_legalize_test.py",
     ),
     UpstreamPatch(
-        "partition_merge",
+        "qnn_compile.partition_merge",
         frozenset({
             "executorch.exir.backend.canonical_partitioners.group_partitioner"
             ".GroupBasedPartitioner._merge_partitions",
@@ -81,13 +70,13 @@ PATCHES = (
         "src/python/qnn_compile/partition_merge_test.py",
     ),
     UpstreamPatch(
-        "partition_recompile",
+        "qnn_compile.partition_recompile",
         frozenset({"executorch.exir.backend.backend_api._create_partitions_in_graph_module"}),
         "the program's code is generated once after all partitions are cut, not once per cut",
         "tests/llm/fast_partitioning_test.py",
     ),
     UpstreamPatch(
-        "shared_constants",
+        "qnn_compile.shared_constants",
         frozenset({"executorch.backends.qualcomm.qnn_preprocess.QnnBackend"
                    ".copy_exported_program_for_preprocess",
                    "executorch.backends.xnnpack.xnnpack_preprocess.XnnpackBackend"
@@ -97,7 +86,7 @@ PATCHES = (
         "tests/qnn/qnn_shared_weights_test.py",
     ),
     UpstreamPatch(
-        "xnnpack_passes",
+        "qnn_compile.xnnpack_passes",
         frozenset({"executorch.backends.xnnpack.xnnpack_preprocess.XNNPACKPassManager"}),
         "XNNPACK's per-partition passes that have nothing to match are skipped (each retraced "
         "every partition on fake tensors)",
