@@ -38,6 +38,15 @@ class KvLayout:
     layers: int
     kv_heads: int
     head_dim: int
+    # Set: the model's sliding-window layers attend over the last this many tokens, and each
+    # call takes a second additive mask for them (`KvIoCache.inputs`); None: one causal mask.
+    sliding_window: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        if self.sliding_window is None:
+            del out["sliding_window"]  # the layouts recorded before it existed, unchanged
+        return out
 
 
 @dataclass(frozen=True)
@@ -81,7 +90,10 @@ class LlmSpec:
         return self.max_seq_len - (self.sink_token_id is not None)
 
     def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "stop_token_ids": list(self.stop_token_ids)}
+        out = {**asdict(self), "stop_token_ids": list(self.stop_token_ids)}
+        if self.kv_layout is not None:
+            out["kv_layout"] = self.kv_layout.to_json()
+        return out
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> LlmSpec:

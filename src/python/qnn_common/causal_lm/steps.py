@@ -139,14 +139,27 @@ class KvIoCache:
         mask = torch.full((n, past + n), MASK_VALUE)
         mask[:, :start] = 0.0
         mask[:, past:] = torch.full((n, n), MASK_VALUE).triu(1)
+        window = self.layout.sliding_window
+        if window is not None:
+            # Query i sits in slot start + i and its local layers see the slots after
+            # start + i - window: the past slots (column j is slot j) and the new ones (column
+            # past + k is slot start + k) before that are masked too. The two masks side by
+            # side on dim 1: [1, 2, n, past + n], full then local (kv_io.KvIoLm splits them).
+            query = start + torch.arange(n)[:, None]
+            slots = torch.cat([torch.arange(past), start + torch.arange(n)])[None, :]
+            local = mask.masked_fill(slots <= query - window, MASK_VALUE)
+            return (input_ids, *self._rope(start, n), torch.stack([mask, local])[None],
+                    *self._past(past))
+        return (input_ids, *self._rope(start, n), mask[None, None], *self._past(past))
+
+    def _rope(self, start: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return (self.cos[:, start : start + n].contiguous(),
+                self.sin[:, start : start + n].contiguous())
+
+    def _past(self, past: int) -> list[torch.Tensor]:
         # Copies: the runtime takes contiguous inputs only, and a prefix of dim 2 is a strided view.
-        cache = [
-            t[:, :, :past].contiguous()
-            for kv in zip(self.keys, self.values, strict=True) for t in kv
-        ]
-        cos = self.cos[:, start : start + n].contiguous()
-        sin = self.sin[:, start : start + n].contiguous()
-        return (input_ids, cos, sin, mask[None, None], *cache)
+        return [t[:, :, :past].contiguous()
+                for kv in zip(self.keys, self.values, strict=True) for t in kv]
 
     def step(self, run: MethodRunner, method: str) -> StepFn:
         """A StepFn over `run`'s `method` that feeds the cache in and writes the new entries."""

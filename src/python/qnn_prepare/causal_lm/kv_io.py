@@ -89,9 +89,17 @@ class KvIoLm(nn.Module):
         io = _IoCache(past)
         self.rope.value = (cos, sin)
         n = input_ids.shape[1]
+        masks: Any = attention_mask
+        if self.layout.sliding_window is not None:
+            # The host's two masks (KvIoCache.inputs): every layer's causal one, then the local
+            # layers'. A model with layer kinds takes them by kind; one without (Mistral-style)
+            # has local layers only.
+            full, local = attention_mask[:, :1], attention_mask[:, 1:2]
+            kinds = getattr(self.hf.config.get_text_config(), "layer_types", None)  # type: ignore[union-attr, operator]
+            masks = {"full_attention": full, "sliding_attention": local} if kinds else local
         with _rotary_replaced(self.hf, self.rope):
             logits: torch.Tensor = self.hf(
-                input_ids=input_ids, attention_mask=attention_mask, past_key_values=io,
+                input_ids=input_ids, attention_mask=masks, past_key_values=io,
                 # Unused (the rotary embedding is given); keeps the model off its cache lookup.
                 position_ids=torch.zeros(1, n, dtype=torch.int64), use_cache=True,
             ).logits
@@ -200,6 +208,7 @@ def kv_layout(lm: CausalLm) -> KvLayout:
         layers=int(config.num_hidden_layers),
         kv_heads=int(getattr(config, "num_key_value_heads", None) or heads),
         head_dim=head_dim,
+        sliding_window=sliding_window_below_context(lm),
     )
 
 
@@ -216,8 +225,8 @@ def sliding_window_below_context(lm: CausalLm) -> int | None:
 
     Layers that attend over the last `window` tokens only: Gemma 2 / 3's local layers (their
     `layer_types`), every layer of a Mistral-style config with a `sliding_window` and no layer
-    types. The host's additive mask of this export is one causal mask for every layer, so past
-    the window such a layer would attend where the model does not, silently."""
+    types. With one causal mask for every layer, past the window such a layer would attend
+    where the model does not: the host gives them their own (`KvIoCache.inputs`)."""
     config: Any = lm.hf.config.get_text_config()  # type: ignore[union-attr, operator]
     window = getattr(config, "sliding_window", None)
     kinds = getattr(config, "layer_types", None)
@@ -231,20 +240,9 @@ def export_kv_io_methods(
     lm: CausalLm,
 ) -> tuple[dict[str, torch.export.ExportedProgram], tuple[torch.Tensor, torch.Tensor]]:
     """torch.export prefill and decode of the KV-as-IO wrapper (eager attention, one
-    `aten.rms_norm` per RMSNorm), and the rotary table the host feeds them from. Refuses a
-    model whose sliding-window layers' window is shorter than the context
-    (`sliding_window_below_context`)."""
-    window = sliding_window_below_context(lm)
-    if window is not None:
-        raise ConfigValidationError(
-            "prepare.max_seq_len", lm.spec.max_seq_len,
-            f"{type(lm.hf).__name__}'s sliding-window layers attend over the last {window} "
-            "tokens, and the export that keeps the cache in the host (qnn: the cache as "
-            "inputs and outputs) masks every layer as one causal attention over the whole "
-            f"context, so past {window} tokens its program would part from the model; use "
-            f"--max-seq-len {window} or less, or the xnnpack backend, whose cache keeps the "
-            "window",
-        )
+    `aten.rms_norm` per RMSNorm), and the rotary table the host feeds them from; a model whose
+    sliding-window layers' window is shorter than the context takes a second mask for them
+    (`KvLayout.sliding_window`)."""
     layout = kv_layout(lm)
     rope = rope_table(lm)
     # Eager attention: the SDPA path exports a "safe softmax" (any / where) QNN cannot lower.
