@@ -1,5 +1,6 @@
 """Benchmark table: which decoder architectures run by default, per backend and recipe, in one
-table, with the decoders upstream ExecuTorch's Qualcomm flow ships recipes for as rows.
+table, each with the decoders upstream ExecuTorch's Qualcomm flow ships recipes for that are
+instances of it.
 
 Reads the JSON of `bench/decoder_survey.py` runs (one per backend and recipe) and writes one
 coverage JSON that `bench/docs_tables.py` renders into docs/llm.md:

@@ -28,9 +28,9 @@ def test_surveys_merge_by_architecture_and_render() -> None:
     assert result["columns"] == ["xnnpack 8a8w", "qnn 16a8w"]
     assert [r["architecture"] for r in result["rows"]] == ["llama", "gemma", "gpt2"]
     lines = render(result).splitlines()
-    assert lines[0] == "| architecture | xnnpack 8a8w | qnn 16a8w |"
-    assert lines[2] == "| llama | runs (KL 0.0001) | runs (KL 0.0001) |"
-    assert lines[3] == "| gemma | refused: no / rotary | not surveyed |"
-    assert lines[4] == "| gpt2 | not surveyed | refused: no / rotary |"
-    assert "| Llama 3.2 (1B, 3B) | llama | runs | runs |" in lines
-    assert "| CodeGen | codegen | not surveyed | not surveyed |" in lines
+    assert lines[0] == "| architecture | upstream's decoders | xnnpack 8a8w | qnn 16a8w |"
+    assert lines[2] == ("| llama | Llama 3.2 (1B, 3B), SmolLM 2 | runs (KL 0.0001) | "
+                        "runs (KL 0.0001) |")
+    assert lines[3] == "| gemma | Gemma | refused: no / rotary | not surveyed |"
+    assert lines[4] == "| gpt2 |  | not surveyed | refused: no / rotary |"
+    assert len(lines) == 2 + len(result["rows"])

@@ -244,11 +244,11 @@ def survey_count(result: Mapping[str, Any]) -> str:
 
 
 def decoder_coverage(result: Mapping[str, Any]) -> str:
-    """bench/decoder_coverage.py: per architecture and survey column, "runs" and the program's
-    KL vs eager fp32, or the outcome and why; then upstream's decoders by their architecture."""
+    """bench/decoder_coverage.py: per architecture (and upstream's decoders that are instances
+    of it) and survey column, "runs" and the program's KL vs eager fp32, or the outcome and why."""
     columns = result["columns"]
-    lines = ["| architecture | " + " | ".join(columns) + " |",
-             "|---|" + "---|" * len(columns)]
+    lines = ["| architecture | upstream's decoders | " + " | ".join(columns) + " |",
+             "|---|---|" + "---|" * len(columns)]
 
     def text(c: Mapping[str, Any]) -> str:
         if c["status"] == "generates":
@@ -257,16 +257,11 @@ def decoder_coverage(result: Mapping[str, Any]) -> str:
         why = (c.get("reason") or "").replace("|", "/")
         return f"{c['status']}" + (f": {why[:90]}" if why else "")
 
-    status = {r["architecture"]: r["cells"] for r in result["rows"]}
     for r in result["rows"]:
-        lines.append(f"| {r['architecture']} | " + " | ".join(text(c) for c in r["cells"]) + " |")
-    lines += ["", "| upstream's decoder | architecture | " + " | ".join(columns) + " |",
-              "|---|---|" + "---|" * len(columns)]
-    for u in result["upstream"]:
-        cells = status.get(u["architecture"])
-        shown = ([("runs" if c["status"] == "generates" else c["status"]) for c in cells]
-                 if cells else ["not surveyed"] * len(columns))
-        lines.append(f"| {u['model']} | {u['architecture']} | " + " | ".join(shown) + " |")
+        upstream = ", ".join(u["model"] for u in result["upstream"]
+                             if u["architecture"] == r["architecture"])
+        lines.append(f"| {r['architecture']} | {upstream} | "
+                     + " | ".join(text(c) for c in r["cells"]) + " |")
     return "\n".join(lines)
 
 

@@ -258,7 +258,13 @@ DECOMPOSED_OUTSIDE: Outside = {
             "aten.select_copy.int",
         )
     },
-    "adaptive_max_pool2d_uneven": {"*": ("aten.max.dim", "aten.unsqueeze_copy.default")},
+    "adaptive_max_pool2d_uneven": {
+        # At 8a8w a slice reads the int8 input and feeds max.dim (float, outside the delegate):
+        # XNNPACK's static slice takes one datatype in and out, so qnn_compile's XNNPACK
+        # lowering leaves such a slice to the portable kernels.
+        "8a8w": ("aten.max.dim", "aten.slice_copy.Tensor", "aten.unsqueeze_copy.default"),
+        "*": ("aten.max.dim", "aten.unsqueeze_copy.default"),
+    },
     "argsort": {"*": ("aten.topk.default",)},
     "avg_pool3d": {
         "fp32": ("aten.alias_copy.default", "aten.convolution.default", "aten.select_copy.int")
