@@ -29,7 +29,7 @@ from qnn_pipeline.orchestrator import run_pipeline
 from qnn_pipeline.summary import format_summary
 from qnn_prepare.api import run_prepare
 from qnn_prepare.causal_lm.attention_sink import sink_table
-from qnn_prepare.causal_lm.export import export_methods, load_causal_lm
+from qnn_prepare.causal_lm.export import CausalLm, export_methods, load_causal_lm
 from qnn_prepare.causal_lm.kv_io import export_kv_io_methods, kv_layout
 from qnn_prepare.causal_lm.tiny_decoders import save_tiny_decoder
 from qnn_quant.method_modules import module_runner
@@ -262,6 +262,20 @@ def test_kv_as_io_export_matches_eager_and_hands_over(family: str, tmp_path: Pat
     torch.testing.assert_close(handed_over, full, atol=1e-4, rtol=1e-4)
 
 
+def _assert_kv_io_matches_eager(
+    lm: CausalLm, spec: LlmSpec, programs: dict[str, torch.export.ExportedProgram],
+    rope: tuple[torch.Tensor, torch.Tensor],
+) -> None:
+    """The exported KV-as-IO methods, fed 20 tokens by the host, give eager's logits."""
+    modules = {m: p.module() for m, p in programs.items()}
+    prefill, decode = method_steps(spec, module_runner(modules, spec), rope)
+    tokens = torch.randint(0, 128, (20,), generator=torch.Generator().manual_seed(2)).tolist()
+    with torch.no_grad():
+        full = lm.hf(input_ids=torch.tensor([tokens])).logits[0]
+    torch.testing.assert_close(feed(prefill, decode, tokens, 0, spec), full, atol=1e-4,
+                               rtol=1e-4)
+
+
 def test_kv_as_io_gives_each_layer_kind_its_own_rotary_table(tmp_path: Path) -> None:
     """Gemma 3 rotates its local (sliding-window) and global layers at different bases, its
     rotary embedding taking the layer's kind: the host's table holds one per kind, side by
@@ -280,13 +294,7 @@ def test_kv_as_io_gives_each_layer_kind_its_own_rotary_table(tmp_path: Path) -> 
     programs, rope = export_kv_io_methods(lm)
     assert rope[0].shape == (1, 32, 2 * 16)  # two kinds of 16 each
     assert not torch.equal(*rope[0].chunk(2, dim=-1))  # different bases
-    modules = {m: p.module() for m, p in programs.items()}
-    prefill, decode = method_steps(spec, module_runner(modules, spec), rope)
-    tokens = torch.randint(0, 128, (20,), generator=torch.Generator().manual_seed(2)).tolist()
-    with torch.no_grad():
-        full = lm.hf(input_ids=torch.tensor([tokens])).logits[0]
-    torch.testing.assert_close(feed(prefill, decode, tokens, 0, spec), full, atol=1e-4,
-                               rtol=1e-4)
+    _assert_kv_io_matches_eager(lm, spec, programs, rope)
 
 
 @pytest.mark.parametrize("family", ["gemma2", "mistral"])
@@ -314,13 +322,7 @@ def test_kv_as_io_keeps_a_sliding_window_shorter_than_the_context(
     spec = dataclasses.replace(lm.spec, kv_layout=layout)
     assert LlmSpec.from_json(spec.to_json()) == spec  # recorded, read back
     programs, rope = export_kv_io_methods(lm)
-    modules = {m: p.module() for m, p in programs.items()}
-    prefill, decode = method_steps(spec, module_runner(modules, spec), rope)
-    tokens = torch.randint(0, 128, (20,), generator=torch.Generator().manual_seed(2)).tolist()
-    with torch.no_grad():
-        full = lm.hf(input_ids=torch.tensor([tokens])).logits[0]
-    torch.testing.assert_close(feed(prefill, decode, tokens, 0, spec), full, atol=1e-4,
-                               rtol=1e-4)
+    _assert_kv_io_matches_eager(lm, spec, programs, rope)
 
 
 def test_kv_as_io_with_an_attention_sink_runs_each_text_after_its_token(tmp_path: Path) -> None:

@@ -76,6 +76,8 @@ class KvIoLm(nn.Module):
         self.hf = hf
         self.layout = layout
         self.rope = _GivenRope(rotary_layer_types(hf))
+        # Whether its attention masks go by layer kind (Gemma 2 / 3), read once, not per call.
+        self.by_kind = bool(getattr(_text_config(hf), "layer_types", None))
 
     def forward(
         self,
@@ -95,8 +97,7 @@ class KvIoLm(nn.Module):
             # layers'. A model with layer kinds takes them by kind; one without (Mistral-style)
             # has local layers only.
             full, local = attention_mask[:, :1], attention_mask[:, 1:2]
-            kinds = getattr(self.hf.config.get_text_config(), "layer_types", None)  # type: ignore[union-attr, operator]
-            masks = {"full_attention": full, "sliding_attention": local} if kinds else local
+            masks = {"full_attention": full, "sliding_attention": local} if self.by_kind else local
         with _rotary_replaced(self.hf, self.rope):
             logits: torch.Tensor = self.hf(
                 input_ids=input_ids, attention_mask=masks, past_key_values=io,
@@ -104,6 +105,12 @@ class KvIoLm(nn.Module):
                 position_ids=torch.zeros(1, n, dtype=torch.int64), use_cache=True,
             ).logits
         return (logits, *(t for kv in io.new for t in kv))
+
+
+def _text_config(hf: nn.Module) -> Any:
+    """The text part of `hf`'s config (a multimodal model's decoder has its own)."""
+    # `hf` is a PreTrainedModel, typed here as the nn.Module the wrappers take.
+    return hf.config.get_text_config()  # type: ignore[union-attr, operator]
 
 
 def _rotary_owner(hf: nn.Module) -> nn.Module:
@@ -201,7 +208,7 @@ def rope_table(lm: CausalLm) -> tuple[torch.Tensor, torch.Tensor]:
 
 def kv_layout(lm: CausalLm) -> KvLayout:
     """Layers, KV heads and head size of `lm`, read from its config."""
-    config = lm.hf.config.get_text_config()  # type: ignore[union-attr, operator]  # hf: a PreTrainedModel
+    config = _text_config(lm.hf)
     heads = int(config.num_attention_heads)
     head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
     return KvLayout(
@@ -227,7 +234,7 @@ def sliding_window_below_context(lm: CausalLm) -> int | None:
     `layer_types`), every layer of a Mistral-style config with a `sliding_window` and no layer
     types. With one causal mask for every layer, past the window such a layer would attend
     where the model does not: the host gives them their own (`KvIoCache.inputs`)."""
-    config: Any = lm.hf.config.get_text_config()  # type: ignore[union-attr, operator]
+    config = _text_config(lm.hf)
     window = getattr(config, "sliding_window", None)
     kinds = getattr(config, "layer_types", None)
     sliding = "sliding_attention" in kinds if kinds else window is not None
