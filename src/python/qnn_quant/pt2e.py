@@ -41,7 +41,11 @@ from qnn_quant.layers import LayerPlan, int8_linears, plan_layers
 from qnn_quant.quantized_ops import NothingQuantizedError, is_observer, quantized_op_count
 from qnn_quant.quantizers import decomposed_before_annotation, quantizer_for
 from qnn_quant.quantizers.spec import QuantizerSpec
-from qnn_quant.released_memory import drop_unused_tensors, forget_prepared_modules
+from qnn_quant.released_memory import (
+    drop_unused_tensors,
+    forget_prepared_modules,
+    weight_bytes,
+)
 
 log = logging.getLogger(__name__)
 
@@ -179,9 +183,10 @@ def convert_program(
     """
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e
 
+    freed = weight_bytes([ep])  # the float weights the prepared module was built over
     converted = convert_pt2e(prepared)
     if quantized_op_count(converted) == 0:
-        forget_prepared_modules()
+        forget_prepared_modules(freed)
         raise NothingQuantizedError(target, recipe, converted, 0)
     dropped = drop_unused_tensors(converted)
     if dropped:
@@ -193,7 +198,7 @@ def convert_program(
     for module in converted.modules():
         module._parameters.clear()
         module._buffers.clear()
-    forget_prepared_modules()
+    forget_prepared_modules(freed)
     return program
 
 

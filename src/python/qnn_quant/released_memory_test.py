@@ -29,3 +29,23 @@ def test_freed_heap_tensors_go_back_to_the_system() -> None:
     after = _rss()
     assert kept.sum() == 2**20
     assert freed - after > 100 * 2**20, (before, freed, after)
+
+
+def test_a_full_collection_runs_only_for_weights_worth_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    from qnn_quant import released_memory
+
+    runs: list[int] = []
+    monkeypatch.setattr(released_memory.gc, "collect", lambda: runs.append(1) or 0)
+    assert not released_memory.collect_if_worth_it(released_memory.WORTH_COLLECTING - 1)
+    assert runs == []
+    assert released_memory.collect_if_worth_it(released_memory.WORTH_COLLECTING)
+    assert runs == [1]
+
+
+def test_weight_bytes_counts_a_shared_tensor_once() -> None:
+    from qnn_quant.released_memory import weight_bytes
+
+    linear = torch.nn.Linear(16, 8)  # 16 * 8 + 8 floats
+    ep = torch.export.export(linear, (torch.randn(2, 16),), strict=False)
+    assert weight_bytes([ep]) == (16 * 8 + 8) * 4
+    assert weight_bytes([ep, ep]) == (16 * 8 + 8) * 4

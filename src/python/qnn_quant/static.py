@@ -12,7 +12,6 @@ every observer of a later method takes the statistics of its counterpart in the 
 
 from __future__ import annotations
 
-import gc
 import logging
 from collections.abc import Callable
 
@@ -29,6 +28,7 @@ from qnn_quant.handlers import RecipeKind, WeightsRecord, register_handler
 from qnn_quant.layers import LayerPlan, plan_layers
 from qnn_quant.method_modules import share_state, written_buffers
 from qnn_quant.pt2e import convert_program, float_graph, prepare_program, weight_bits
+from qnn_quant.released_memory import collect_if_worth_it, weight_bytes
 from qnn_quant.shared_scales import share_observers
 from qnn_quant.weight_rounding import calibrate_with_rounding, round_before_prepare
 
@@ -76,6 +76,7 @@ def quantize_static(
         for method in list(prepared)[1:]:
             share_observers(prepared[first], prepared[method])
     graphs.clear()  # the float modules: their weights go with the programs below
+    float_bytes = weight_bytes(programs.values())
     example = [] if calibration.example is None else [calibration.example]
     quantized = {
         method: convert_program(
@@ -91,7 +92,7 @@ def quantize_static(
         log.info("quantized methods share %.0f MB of equal weights", freed / 2**20)
     # The float programs popped above are reference cycles (program, graph module, graph): they
     # go at a full collection, which may not come before the reference run and the save.
-    gc.collect()
+    collect_if_worth_it(float_bytes)
     return quantized, result
 
 
