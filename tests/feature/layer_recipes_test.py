@@ -20,12 +20,12 @@ from qnn_prepare.calibration import make_calibration
 from qnn_prepare.task import LoadedModel
 from qnn_quant.engine import quantize_program
 from qnn_quant.layers import layer_recipe_record, module_path
+from support.quantized_weights import weight_grids
 from support.tiny_llama import tiny_llama_program
 
 HTP = Target(Backend.QNN, lookup_soc("SM8650"))
 DOWN_0 = "hf.model.layers.0.mlp.down_proj"
 Q_1 = "hf.model.layers.1.self_attn.q_proj"
-_WEIGHT_OPS = (torch.ops.aten.linear.default, torch.ops.aten.conv2d.default)
 
 
 @pytest.fixture(scope="module")
@@ -33,31 +33,6 @@ def tiny_llama(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> tuple[LoadedModel, torch.export.ExportedProgram]:
     return tiny_llama_program(tmp_path_factory.mktemp("llama"))
-
-
-def _weights(program: torch.export.ExportedProgram) -> dict[str, tuple[str, int | None]]:
-    """Module path -> (how its weight is dequantized, the weight grid's largest level) for every
-    linear or convolution of `program` (a plain float weight: ("float", None); a layer in LPBQ
-    blocks: ("blocks", None), whatever its asymmetric blocks' offset linears hold)."""
-    out: dict[str, tuple[str, int | None]] = {}
-    for node in program.graph.nodes:
-        if node.op != "call_function" or node.target not in _WEIGHT_OPS:
-            continue
-        path = module_path(node)
-        assert path is not None
-        if out.get(path, ("",))[0] == "blocks":
-            continue
-        weight = node.args[1]
-        assert isinstance(weight, torch.fx.Node)
-        if weight.target == torch.ops.quantized_decomposed.dequantize_per_channel.default:
-            quant_max = weight.args[5]
-            assert isinstance(quant_max, int)
-            out[path] = ("per channel", quant_max)
-        elif str(weight.target) == "torchao.dequantize_affine.default":
-            out[path] = ("blocks", None)
-        else:
-            out[path] = ("float", None)
-    return out
 
 
 def _run(ep: torch.export.ExportedProgram, sample: tuple[torch.Tensor, ...]) -> torch.Tensor:
@@ -83,7 +58,7 @@ def test_16a4w_block_with_a_down_projection_at_16a8w(
     tiny_llama: tuple[LoadedModel, torch.export.ExportedProgram],
 ) -> None:
     table = (LayerRecipe(r"layers\.0\.mlp\.down_proj$", Recipe.A16W8),)
-    weights = _weights(_quantize(tiny_llama, HTP, Recipe.A16W4_BLOCK, table))
+    weights = weight_grids(_quantize(tiny_llama, HTP, Recipe.A16W4_BLOCK, table))
 
     assert weights[DOWN_0] == ("per channel", 127)  # 8-bit, not blocked, not a convolution
     blocked = {p for p, (form, _) in weights.items() if form == "blocks"}
@@ -99,7 +74,7 @@ def test_16a8w_with_layers_at_4_bits_in_blocks_and_per_channel(
         LayerRecipe(r"layers\.1\.self_attn\.q_proj$", Recipe.A16W4_BLOCK),
         LayerRecipe(r"layers\.0\.mlp\.", Recipe.A16W4),
     )
-    weights = _weights(_quantize(tiny_llama, HTP, Recipe.A16W8, table))
+    weights = weight_grids(_quantize(tiny_llama, HTP, Recipe.A16W8, table))
 
     assert weights[Q_1] == ("blocks", None)  # the one LPBQ layer, run as a 1x1 convolution
     assert [p for p, (form, _) in weights.items() if form == "blocks"] == [Q_1]
@@ -113,7 +88,7 @@ def test_a_layer_left_float_on_xnnpack_and_in_8da4w(
     tiny_llama: tuple[LoadedModel, torch.export.ExportedProgram],
 ) -> None:
     table = (LayerRecipe(r"layers\.0\.mlp\.down_proj$", Recipe.FP32),)
-    static = _weights(_quantize(tiny_llama, Target(Backend.XNNPACK), Recipe.A8W8, table))
+    static = weight_grids(_quantize(tiny_llama, Target(Backend.XNNPACK), Recipe.A8W8, table))
     assert static[DOWN_0] == ("float", None)
     assert sum(form == "per channel" for form, _ in static.values()) == len(static) - 1
 

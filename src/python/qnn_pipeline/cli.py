@@ -60,6 +60,7 @@ EPILOG = """examples:
   qnn-pipeline sweep --model tiny-cnn,minilm --backend xnnpack,portable --recipe fp32,8a8w
                                                    # a matrix on Ray: qnn-pipeline sweep --help
   qnn-pipeline eval out --eval-file mine.jsonl      # a run's artifacts evaluated again
+  qnn-pipeline tune --model tiny-llama --max-kl 0.05  # per-layer recipes searched to a budget
 
 """
 
@@ -284,6 +285,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from qnn_pipeline.eval_cli import eval_main
 
         return run_cli(eval_main, args[1:])
+    if args[:1] == ["tune"]:
+        from qnn_pipeline.tune_cli import tune_main
+
+        return run_cli(tune_main, args[1:])
     return run_cli(_main, argv)
 
 

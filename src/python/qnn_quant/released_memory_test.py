@@ -32,10 +32,17 @@ def test_freed_heap_tensors_go_back_to_the_system() -> None:
 
 
 def test_a_full_collection_runs_only_for_weights_worth_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    import gc
+
     from qnn_quant import released_memory
 
     runs: list[int] = []
-    monkeypatch.setattr(released_memory.gc, "collect", lambda: runs.append(1) or 0)
+
+    def collect() -> int:
+        runs.append(1)
+        return 0
+
+    monkeypatch.setattr(gc, "collect", collect)
     assert not released_memory.collect_if_worth_it(released_memory.WORTH_COLLECTING - 1)
     assert runs == []
     assert released_memory.collect_if_worth_it(released_memory.WORTH_COLLECTING)
