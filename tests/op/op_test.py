@@ -32,11 +32,12 @@ from qnn_testing.matrix import (
     OpTarget,
     cells,
     mode_from_env,
+    shard_from_env,
     targets_from_env,
 )
 
 TARGETS = targets_from_env()
-CELLS = list(cells(CATALOGUE, TARGETS, mode_from_env()))
+CELLS = list(cells(CATALOGUE, TARGETS, mode_from_env(), shard_from_env()))
 QNN_TARGETS = [t for t in TARGETS if t.backend is Backend.QNN]
 
 

@@ -33,8 +33,10 @@ from qnn_common.soc import SOCS, HtpArch, Soc
 from qnn_common.target import Target
 
 ENV_MODE = "QNN_OP_SUITE"
-# Set per Pants test target (`extra_env_vars` in tests/op/BUILD): the targets it runs.
+# Set per Pants test target (`extra_env_vars` in tests/op/BUILD): the targets it runs, and which
+# share of the cases (`K/N`: every N-th case from the K-th; unset: all of them).
 ENV_TARGETS = "QNN_OP_TARGETS"
+ENV_SHARD = "QNN_OP_SHARD"
 
 # The precisions the suite covers, in table order. 8a4w and 16a2w exist as recipes but are
 # not part of the operator matrix (the issue's list); adding one here adds a column.
@@ -135,6 +137,30 @@ def targets_from_env(environ: dict[str, str] | None = None) -> tuple[OpTarget, .
     return tuple(TARGETS_BY_NAME[n] for n in names)
 
 
+@dataclass(frozen=True)
+class Shard:
+    """The `index`-th of `count` shares of the catalogue (1-based): its cases are every
+    `count`-th from the `index`-th, so each share holds as many slow cases as the next, and a
+    case's cells (its precisions) stay together, sharing their export."""
+
+    index: int = 1
+    count: int = 1
+
+    def takes(self, position: int) -> bool:
+        return position % self.count == self.index - 1
+
+
+def shard_from_env(environ: dict[str, str] | None = None) -> Shard:
+    """The shard in `QNN_OP_SHARD` (``K/N``); unset: the whole catalogue."""
+    value = (os.environ if environ is None else environ).get(ENV_SHARD, "").strip()
+    if not value:
+        return Shard()
+    index, sep, count = value.partition("/")
+    if not (sep and index.isdigit() and count.isdigit() and 1 <= int(index) <= int(count)):
+        raise ConfigValidationError(ENV_SHARD, value, "expected K/N with 1 <= K <= N, e.g. 1/2")
+    return Shard(int(index), int(count))
+
+
 class Selectable(Protocol):
     """What cell selection needs to know of a case."""
 
@@ -215,8 +241,16 @@ _FAST: dict[Backend, Callable[[OpTarget, Sequence[Selectable]], Iterator[Cell]]]
 }
 
 
-def cells(cases: Sequence[Selectable], targets: Sequence[OpTarget], mode: Mode) -> Iterator[Cell]:
-    """The cells `mode` runs, target by target, case by case, precision by precision."""
+def cells(
+    cases: Sequence[Selectable], targets: Sequence[OpTarget], mode: Mode,
+    shard: Shard | None = None,
+) -> Iterator[Cell]:
+    """The cells `mode` runs, target by target, case by case, precision by precision; with
+    `shard`, those of its cases only (the precisions dealt as over the whole catalogue)."""
+    if shard is not None and shard.count > 1:
+        mine = {c.name for i, c in enumerate(cases) if shard.takes(i)}
+        yield from (c for c in cells(cases, targets, mode) if c.case in mine)
+        return
     for target in targets:
         if mode is Mode.FULL:
             for case in cases:

@@ -17,8 +17,10 @@ from qnn_testing.matrix import (
     TARGETS,
     TARGETS_BY_NAME,
     Mode,
+    Shard,
     cells,
     mode_from_env,
+    shard_from_env,
     soc_for_arch,
     targets_from_env,
 )
@@ -163,3 +165,20 @@ def test_environment_selects_mode_and_targets() -> None:
     ]
     with pytest.raises(ConfigValidationError, match="qnn-v99"):
         targets_from_env({"QNN_OP_TARGETS": "qnn-v99"})
+
+
+@pytest.mark.parametrize("mode", list(Mode))
+def test_shards_split_the_cells_by_case_without_loss_or_overlap(mode: Mode) -> None:
+    whole = list(cells(CATALOGUE, TARGETS, mode))
+    shares = [list(cells(CATALOGUE, TARGETS, mode, Shard(k, 2))) for k in (1, 2)]
+    assert sorted(c.id for s in shares for c in s) == sorted(c.id for c in whole)
+    assert not {c.case for c in shares[0]} & {c.case for c in shares[1]}
+    assert min(len(s) for s in shares) > len(whole) // 3  # about even
+
+
+def test_the_shard_comes_from_the_environment() -> None:
+    assert shard_from_env({}) == Shard(1, 1)
+    assert shard_from_env({"QNN_OP_SHARD": "2/3"}) == Shard(2, 3)
+    for bad in ("3/2", "0/2", "1", "a/b"):
+        with pytest.raises(ConfigValidationError, match="QNN_OP_SHARD"):
+            shard_from_env({"QNN_OP_SHARD": bad})
