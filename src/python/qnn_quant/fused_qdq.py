@@ -195,7 +195,7 @@ def fold_weight_dequantize(gm: torch.fx.GraphModule) -> int:
                 or any(arg.op != "get_attr" for arg in node.all_input_nodes)):
             continue
         args, kwargs = torch.fx.node.map_arg(
-            (node.args, node.kwargs), lambda arg: _attr(gm, str(arg.target)))
+            (node.args, node.kwargs), lambda arg: module_tensor(gm, str(arg.target)))
         with torch.no_grad():
             value = node.target(*args, **kwargs)
         name = f"_folded_dequantize_{folded}"
@@ -211,7 +211,8 @@ def fold_weight_dequantize(gm: torch.fx.GraphModule) -> int:
     return folded
 
 
-def _attr(gm: torch.fx.GraphModule, target: str) -> torch.Tensor:
+def module_tensor(gm: torch.nn.Module, target: str) -> torch.Tensor:
+    """The tensor a `get_attr` of `target` reads from `gm`."""
     owner, _, leaf = target.rpartition(".")
     value = getattr(gm.get_submodule(owner) if owner else gm, leaf)
     assert isinstance(value, torch.Tensor), target

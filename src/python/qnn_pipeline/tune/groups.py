@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
+from qnn_quant.fused_qdq import module_tensor
 from qnn_quant.layers import module_path
 
 _LINEAR = torch.ops.aten.linear.default
@@ -42,13 +43,6 @@ def linear_weights(gm: torch.fx.GraphModule) -> dict[str, str]:
     return found
 
 
-def attribute(gm: torch.nn.Module, target: str) -> torch.Tensor:
-    owner, _, leaf = target.rpartition(".")
-    value = getattr(gm.get_submodule(owner) if owner else gm, leaf)
-    assert isinstance(value, torch.Tensor), target
-    return value
-
-
 def layer_groups(gm: torch.fx.GraphModule) -> list[LayerGroup]:
     """The groups of `gm`'s linears, in graph order: the layers under one parent module (a
     block's `self_attn`, its `mlp`) together, a layer directly under the model (the head) alone."""
@@ -58,7 +52,7 @@ def layer_groups(gm: torch.fx.GraphModule) -> list[LayerGroup]:
         parent = path.rpartition(".")[0]
         key = parent if re.search(r"\.\d+\.", parent + ".") else path
         by_parent.setdefault(key, []).append(path)
-        sizes[key] = sizes.get(key, 0) + attribute(gm, target).numel()
+        sizes[key] = sizes.get(key, 0) + module_tensor(gm, target).numel()
     groups = []
     for key, paths in by_parent.items():
         # A lone layer by its own path; a parent's layers as its direct children.
@@ -87,7 +81,7 @@ def swap_weights(
         for path in group.paths:
             if path not in attrs or path not in source:
                 continue
-            tensor = attribute(module, attrs[path])
+            tensor = module_tensor(module, attrs[path])
             saved.append((tensor, tensor.detach().clone()))
             with torch.no_grad():
                 tensor.copy_(source[path].to(tensor.dtype))

@@ -18,13 +18,13 @@ import torch
 
 from qnn_pipeline.tune.groups import (
     LayerGroup,
-    attribute,
     layer_groups,
     linear_weights,
     restore,
     swap_weights,
 )
 from qnn_pipeline.tune.scoring import Reference, Score
+from qnn_quant.fused_qdq import module_tensor
 from qnn_quant.lm_steps import artifact_lm_modules
 
 log = logging.getLogger(__name__)
@@ -75,7 +75,7 @@ def _method_weights(modules: Sequence[torch.nn.Module]) -> list[dict[str, torch.
     out = []
     for module in modules:
         assert isinstance(module, torch.fx.GraphModule)
-        out.append({path: attribute(module, target)
+        out.append({path: module_tensor(module, target)
                     for path, target in linear_weights(module).items()})
     return out
 
