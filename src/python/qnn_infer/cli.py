@@ -167,6 +167,13 @@ def _generation_config(args: argparse.Namespace) -> GenerationConfig | None:
     return None if values is None else GenerationConfig(**values)
 
 
+def add_profile_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--profile", action="store_true", default=None,
+                   help="write profile.md / profile.json beside the run: each op's time per "
+                   "run and what runs outside the delegates, from the ETDump (written too) "
+                   "read by ExecuTorch's Inspector")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="qnn-infer",
@@ -185,6 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_threads_arg(p)
     add_run_timeout_arg(p)
     p.add_argument("--etdump", action="store_true", help="write an ETDump profile")
+    add_profile_arg(p)
     add_device_args(p)
     add_accuracy_gate_args(p)
     add_generation_args(p)
@@ -200,7 +208,8 @@ def _main(argv: Sequence[str] | None) -> int:
     check_output_writable(args.out, "--out")
     gates = {k: v for k, v in accuracy_gate_values(args).items() if v is not None}
     config = InferConfig(warmup=args.warmup, runs=args.runs, inputs_file=args.inputs,
-                         etdump=args.etdump, threads=args.threads, device=args.device,
+                         etdump=args.etdump, profile=bool(args.profile), threads=args.threads,
+                         device=args.device,
                          device_runner=args.device_runner, **gates,
                          generation=_generation_config(args))
     from qnn_infer.api import run_infer  # torch is imported only past argument checks

@@ -38,6 +38,7 @@ from qnn_infer.cli import (
     add_device_args,
     add_generation_args,
     add_inputs_arg,
+    add_profile_arg,
     add_run_timeout_arg,
     add_threads_arg,
     generation_values,
@@ -122,6 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "LM's text) or a .pt file of inputs; qnn-prepare --help says more")
     p.add_argument("--runs", type=int, help="timed inference runs (default: 20)")
     add_threads_arg(p)
+    add_profile_arg(p)
     add_run_timeout_arg(p)
     p.add_argument("--max-seq-len", type=int,
                    help="causal LMs with --prompt: context length of the KV cache "
@@ -203,6 +205,7 @@ def context_from_args(args: argparse.Namespace) -> PipelineContext:
         "compile": {"htp_performance_mode": args.htp_performance_mode,
                     "weight_sharing": args.weight_sharing, "num_shards": args.num_shards},
         "infer": {"runs": args.runs, "threads": args.threads, "device": args.device,
+                  "profile": args.profile,
                   "inputs_file": args.inputs,
                   "device_runner": None if args.device_runner is None else str(args.device_runner),
                   "generation": generation, **accuracy_gate_values(args)},

@@ -30,6 +30,9 @@ class InferConfig:
     inputs_file: Path | None = None
     # Write ExecuTorch's ETDump of the runs (needs a runtime built with event tracing).
     etdump: bool = False
+    # The ETDump read into a per-op table, profile.md / profile.json beside the run (implies
+    # etdump).
+    profile: bool = False
     # CPU threads of the runtime's threadpool (XNNPACK's kernels run on it); None: every core
     # this process may use.
     threads: int | None = None
@@ -80,11 +83,13 @@ class InferConfig:
             raise ConfigValidationError(
                 "infer.device", self.device, "an adb serial, or \"auto\" for the only device"
             )
+        if self.profile and not self.etdump:
+            object.__setattr__(self, "etdump", True)
         if self.etdump and self.device is not None:
             raise ConfigValidationError(
-                "infer.etdump", True,
+                "infer.profile" if self.profile else "infer.etdump", True,
                 "ETDump is recorded by the host runtime; a device run reports the runner's own "
-                "timings instead: drop --etdump or --device",
+                "timings instead: drop --etdump / --profile, or --device",
             )
         if self.device_runner is not None and self.device is None:
             raise ConfigValidationError(

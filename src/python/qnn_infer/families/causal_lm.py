@@ -211,7 +211,8 @@ def run(
         raise ConfigValidationError(
             "infer", "causal-lm",
             "a causal-LM program runs on the host from its eval texts and a prompt; "
-            "drop --device / --inputs / --etdump",
+            "drop --device / --inputs / --etdump / --profile (a per-op profile of a decode "
+            "step is not built yet)",
         )
     target, recipe = compiled_for(inp.source.path, upstream)
     check_program_matches(inp.source.path, upstream)

@@ -33,6 +33,7 @@ from qnn_infer.device import device_runner
 from qnn_infer.gate_check import judge_accuracy
 from qnn_infer.isolation import Rehearsal, Step, rehearse_unless_compiled_here
 from qnn_infer.measure import measure_latency
+from qnn_infer.profile import PROFILE_JSON, PROFILE_MD, write_profile
 from qnn_infer.program_check import check_program_matches
 from qnn_infer.pte import check_pte_header
 from qnn_infer.runner import HostRunner, Runner
@@ -117,8 +118,19 @@ def run(
     latency = measure_latency(runner, flat[0], warmup=cfg.warmup, runs=cfg.runs)
     log.info("ran %d sample(s); p50 %.3f ms, p90 %.3f ms", len(inputs),
              latency["p50_ms"], latency["p90_ms"])
+    profile_files: list[str] = []
+    profiled: dict[str, Any] = {}
     if etdump is not None and host is not None:
         host.write_etdump(etdump)
+        if cfg.profile:
+            profile = write_profile(etdump, out, Path(pte).name)
+            profile_files = [PROFILE_MD, PROFILE_JSON]
+            profiled = {"profile": {"execute_ms": round(profile.execute_ms, 4),
+                                    "outside_delegates_ms":
+                                        round(profile.outside_delegates_ms, 4),
+                                    "top": [op.name for op in profile.ops[:3]]}}
+            log.info("profile: %s (Method::execute %.3f ms per traced run)",
+                     out / PROFILE_MD, profile.execute_ms)
     save_samples(out / OUTPUTS, outputs)
 
     accuracy: dict[str, Any] = {}
@@ -127,7 +139,7 @@ def run(
             if name in have:
                 accuracy[key] = compare_samples(load_samples(inp.source.path / name), outputs)
     verdict = judge_accuracy(accuracy, cfg.gates_for(recipe), recipe)
-    files = [OUTPUTS] + ([ETDUMP] if etdump is not None else [])
+    files = [OUTPUTS] + ([ETDUMP] if etdump is not None else []) + profile_files
     manifest = seal(
         out, inp, files, {"run_s": run_s}, extra_tools=runtime.tools,
         program=upstream.program if upstream is not None else None,
@@ -142,6 +154,7 @@ def run(
             "latency_ms": {k.removesuffix("_ms"): v for k, v in latency.items()},
             "accuracy": accuracy,
             "accuracy_gates": verdict,
+            **profiled,
         },
     )
     # A run below the gates is sealed too (its outputs are the evidence); the verdict is in the
