@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from qnn_common.sealing import load_manifest
 from qnn_infer import cli as infer_cli
@@ -15,7 +16,7 @@ from qnn_infer.profile import PROFILE_JSON, PROFILE_MD
 from support.pipeline_runs import child_env, pipeline_command
 
 
-def _profiled(out: Path, *extra: str) -> tuple[Path, dict[str, object]]:
+def _profiled(out: Path, *extra: str) -> tuple[Path, dict[str, Any]]:
     run = subprocess.run(pipeline_command(out, "--profile", "--runs", "4", *extra),
                          env=child_env(), capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-2000:]
