@@ -50,6 +50,15 @@ def markdown(search: Search, extra: Mapping[str, Any]) -> str:
         lines.append("**No candidate meets the budget**: the richest within the byte budget is "
                      "the last row above. Loosen a bound, or pick a richer recipe to promote to "
                      "(--promote-to).")
+        ks = sorted(search.verified)
+        if len(ks) > 1:
+            least, most = search.verified[ks[0]], search.verified[ks[-1]]
+            if most.score.kl_low >= least.score.kl_high * 0.5:
+                lines += ["", f"Promoting {most.promoted} group(s) took KL from "
+                          f"{least.score.kl:.4g} to {most.score.kl:.4g} (predicted "
+                          f"{most.predicted_kl:.4g}): the loss is not in these layers' weights "
+                          "(a per-layer recipe keeps the model's activation width), so no mix "
+                          "of this pair meets the budget. Pick another recipe for the model."]
     else:
         w = search.winner
         lines += [f"**Winner**: {w.promoted} group(s) promoted "

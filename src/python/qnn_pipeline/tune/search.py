@@ -156,6 +156,7 @@ def search(
         state.winner = check(top)
         return state
     if check(top).score.kl > budget.max_kl:
+        check(0)  # the other end of the front: how much the promotions bought, if anything
         return state  # not even the richest that fits meets it
     if check(0).score.kl <= budget.max_kl:
         state.winner = state.verified[0]
