@@ -173,6 +173,21 @@ def qdq_sensitivity(result: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def tune(result: Mapping[str, Any]) -> str:
+    """bench/tune_bench.py: what a recipe search cost and found, a row a search."""
+    lines = ["| search | groups | verified | sensitivity | wall | peak RSS | winner |",
+             "|---|---:|---:|---:|---:|---:|---|"]
+    for r in result["rows"]:
+        w = r.get("winner")
+        found = (f"{w['promoted']} of {r['groups']} promoted, KL {w['kl']:.5f}"
+                 if w else "none meets the budget")
+        lines.append(
+            f"| {r['cheap']} -> {r['rich']}, {r['tokens']} tokens | {r['groups']} "
+            f"| {r['verified']} | {r['sensitivity_s']} s | {r['wall_s']} s "
+            f"| {r['peak_rss_mb']} MB | {found} |")
+    return "\n".join(lines)
+
+
 def eval_peer(result: Mapping[str, Any]) -> str:
     """bench/eval_peer.py: every model's next-token figures against the float model, llama.cpp
     among them, on the same corpus tokens (`tokens` of the corpus, in windows of `window`)."""
@@ -272,6 +287,7 @@ RENDERERS: Mapping[str, Callable[[Mapping[str, Any]], str]] = {
     "big_decoder": big_decoder,
     "qdq_sensitivity": qdq_sensitivity,
     "smoothing": smoothing,
+    "tune": tune,
     "pipeline": pipeline,
     "compile": compile_cost,
     "llm": llm,

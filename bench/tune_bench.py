@@ -55,7 +55,7 @@ def main() -> None:
         seconds, peak = run_stage(["qnn_pipeline.cli", "tune", *tune_args, "--out", str(out)],
                                   Path(tmp) / "work")
         front = json.loads((out / "tune" / "front.json").read_text())
-    record = summary(front, seconds, peak, tune_args)
+    record = {"bench": "tune", "rows": [summary(front, seconds, peak, tune_args)]}
     text = json.dumps(record, indent=2) + "\n"
     print(text, end="")
     if args.json is not None:

@@ -690,7 +690,7 @@ def test_gates_load_from_toml(write_toml: WriteToml) -> None:
 
 
 def test_etdump_is_host_only() -> None:
-    with pytest.raises(ConfigValidationError, match="drop --etdump or --device"):
+    with pytest.raises(ConfigValidationError, match="drop --etdump / --profile, or --device"):
         InferConfig(etdump=True, device="auto")
 
 
