@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -80,11 +80,16 @@ def promote_to(ctx: PipelineContext, wanted: Recipe | None) -> Recipe:
                 Recipe.FP32)
 
 
-def _stage_dir(ctx: PipelineContext, stage: Stage) -> Path:
+def _stage_dirs(ctx: PipelineContext) -> dict[Stage, Path]:
+    """Run the pipeline (its cached stages taken as they are): each stage's artifact."""
     result = run_pipeline(ctx)
-    found = [r.artifact for r in result.records if r.stage is stage and r.artifact is not None]
-    assert found, f"the pipeline ran no {stage}"
-    return found[0]
+    return {r.stage: r.artifact for r in result.records if r.artifact is not None}
+
+
+def _stage_dir(ctx: PipelineContext, stage: Stage) -> Path:
+    dirs = _stage_dirs(ctx)
+    assert stage in dirs, f"the pipeline ran no {stage}"
+    return dirs[stage]
 
 
 def tune(request: TuneRequest) -> Search:
@@ -106,8 +111,8 @@ def tune(request: TuneRequest) -> Search:
     scores.mkdir(parents=True, exist_ok=True)
     log.info("tune: %s, groups promoted to %s; budget %s", cheap.value, rich.value,
              request.budget.to_json())
-    cheap_q = _stage_dir(cheap_ctx, Stage.QUANTIZE)
-    prepare = _stage_dir(replace(cheap_ctx, stop_after=Stage.PREPARE), Stage.PREPARE)
+    cheap_dirs = _stage_dirs(cheap_ctx)  # one run gives both: no second pass for prepare's
+    cheap_q, prepare = cheap_dirs[Stage.QUANTIZE], cheap_dirs[Stage.PREPARE]
     rich_src = prepare if rich is Recipe.FP32 else _stage_dir(
         _context(request, rich, (), Stage.QUANTIZE), Stage.QUANTIZE)
     reference = Reference.of(prepare, request.tokens, request.eval_file)

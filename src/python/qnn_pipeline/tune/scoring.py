@@ -4,7 +4,6 @@ windows, the float model's logits computed once for every candidate (the search 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -78,7 +77,3 @@ class Reference:
         return Score(summary.kl_mean.value, summary.kl_mean.low, summary.kl_mean.high,
                      summary.same_top_percent.value, summary.perplexity_ratio.value,
                      self.tokens)
-
-
-def mean_kl(scores: Sequence[Score]) -> float:
-    return float(np.mean([s.kl for s in scores]))
