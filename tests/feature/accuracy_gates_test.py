@@ -8,6 +8,7 @@ program that computes something other than the model".
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import shutil
@@ -20,6 +21,13 @@ from qnn_common.config import InferConfig
 from qnn_common.gates import AccuracyGates, default_accuracy_gates
 from qnn_common.manifest import MANIFEST_NAME
 from qnn_common.recipes import Recipe
+from qnn_common.reports import (
+    WEIGHT_RECORDS,
+    Comparison,
+    CompileReport,
+    InferReport,
+    QuantizeReport,
+)
 from qnn_common.sealing import load_manifest, write_manifest
 from qnn_common.stages import REFERENCE_FP32
 from qnn_common.torchio.samples import load_samples, save_samples
@@ -43,13 +51,13 @@ def _acc(sqnr: float, cos: float) -> dict[str, Any]:
 
 def test_verdict_is_null_without_references_and_false_below_a_gate() -> None:
     gates = default_accuracy_gates(Recipe.A8W8)
-    assert judge_accuracy({}, gates)["ok"] is None  # e.g. --inputs: no reference applies
+    assert judge_accuracy({}, gates).ok is None  # e.g. --inputs: no reference applies
     good = {"vs_fp32": _acc(25.0, 0.99), "vs_fake_quant": _acc(20.0, 0.999)}
-    assert judge_accuracy(good, gates, Recipe.A8W8)["ok"] is True
+    assert judge_accuracy(good, gates, Recipe.A8W8).ok is True
     bad = {"vs_fp32": _acc(3.0, 0.5), "vs_fake_quant": _acc(4.0, 0.6)}
     verdict = judge_accuracy(bad, gates, Recipe.A8W8)
-    assert verdict["ok"] is False and verdict["recipe"] == "8a8w"
-    assert {f["field"] for f in verdict["failures"]} == {"min_cosine_vs_fp32",
+    assert verdict.ok is False and verdict.recipe == "8a8w"
+    assert {f["field"] for f in verdict.failures} == {"min_cosine_vs_fp32",
                                                          "min_sqnr_db_vs_fake_quant"}
 
 
@@ -57,17 +65,17 @@ def test_a_causal_lm_fails_on_its_perplexity_ratio_with_a_suggestion() -> None:
     gates = default_accuracy_gates(Recipe.A16W8, causal_lm=True)
     logits = {"vs_fp32": _acc(14.0, 0.98), "vs_fake_quant": _acc(19.2, 0.994)}
     fine = {**logits, "perplexity": {"fp32": 31.67, "fake_quant": 33.44, "program": 32.91}}
-    assert judge_accuracy(fine, gates, Recipe.A16W8)["ok"] is True
+    assert judge_accuracy(fine, gates, Recipe.A16W8).ok is True
     # Without perplexities (a run without eval text) the ratio gate has nothing to judge.
-    assert judge_accuracy(logits, gates, Recipe.A16W8)["ok"] is True
+    assert judge_accuracy(logits, gates, Recipe.A16W8).ok is True
     broken = {**logits, "perplexity": {"fp32": 31.67, "fake_quant": 33.44, "program": 250.0}}
     verdict = judge_accuracy(broken, gates, Recipe.A16W8)
-    assert verdict["ok"] is False
-    (failure,) = verdict["failures"]
+    assert verdict.ok is False
+    (failure,) = verdict.failures
     assert failure["field"] == "max_perplexity_vs_fake_quant"
     assert failure["value"] == pytest.approx(250.0 / 33.44)
     # The message reads only the failures (the manifest is carried for the orchestrator).
-    message = str(AccuracyGateError(Path("out"), cast(Any, None), verdict["failures"], "16a8w"))
+    message = str(AccuracyGateError(Path("out"), cast(Any, None), verdict.failures, "16a8w"))
     assert "7.476 > 1.1 (max_perplexity_vs_fake_quant)" in message
     assert "--max-perplexity-vs-fake-quant 7.48" in message
 
@@ -87,15 +95,15 @@ def test_a_causal_lm_is_judged_on_its_next_token_by_the_interval_and_the_recipe_
     for program in (_next_token(0.0063, (0.005, 0.008), 94.5, (93.7, 95.2)),
                     _next_token(0.06, (0.04, 0.09), 86.0, (83.0, 89.0))):
         accuracy = {**logits, "next_token": {"reference": "fp32", "program": program}}
-        assert judge_accuracy(accuracy, gates, Recipe.A16W8)["ok"] is True
+        assert judge_accuracy(accuracy, gates, Recipe.A16W8).ok is True
     program = _next_token(0.3, (0.25, 0.36), 70.0, (66.0, 74.0))
     fake = _next_token(0.28, (0.23, 0.33), 71.0, (67.0, 75.0))
     lossy = {**logits, "next_token": {"reference": "fp32", "program": program,
                                       "fake_quant": fake}}
     verdict = judge_accuracy(lossy, gates, Recipe.A16W8)
-    assert [(f["field"], f["value"]) for f in verdict["failures"]] == [
+    assert [(f["field"], f["value"]) for f in verdict.failures] == [
         ("max_kl_vs_fp32", 0.25), ("min_same_top_percent_vs_fp32", 74.0)]
-    message = str(AccuracyGateError(Path("out"), cast(Any, None), verdict["failures"], "16a8w",
+    message = str(AccuracyGateError(Path("out"), cast(Any, None), verdict.failures, "16a8w",
                                     lossy))
     assert "KL divergence from fp32 (its interval's low end) of the next token 0.25 > 0.05" \
         in message
@@ -106,18 +114,18 @@ def test_a_causal_lm_is_judged_on_its_next_token_by_the_interval_and_the_recipe_
     ties = {**program, "same_top_decided_percent": {"value": 99.0, "low": 98.0, "high": 100.0}}
     tied = {**logits, "next_token": {"program": {**ties, "kl_divergence": {
         "mean": 0.01, "mean_interval": {"value": 0.01, "low": 0.008, "high": 0.012}}}}}
-    assert judge_accuracy(tied, gates, Recipe.A16W8)["ok"] is True
+    assert judge_accuracy(tied, gates, Recipe.A16W8).ok is True
     # The fake-quantized model close to fp32: the compile lost it, no recipe is blamed.
     close = {**lossy, "next_token": {**lossy["next_token"],
                                      "fake_quant": _next_token(0.01, (0.008, 0.012), 95.0,
                                                                (94.0, 96.0))}}
-    failures = judge_accuracy(close, gates, Recipe.A16W8)["failures"]
+    failures = judge_accuracy(close, gates, Recipe.A16W8).failures
     assert "recipe's" not in str(AccuracyGateError(Path("out"), cast(Any, None), failures,
                                                    "16a8w", close))
     # A record from before the intervals: judged by its point values.
     bare = {"kl_divergence": {"mean": 0.3}, "same_top_percent": 95.0}
     old = {**logits, "next_token": {"program": bare}}
-    (failure,) = judge_accuracy(old, gates, Recipe.A16W8)["failures"]
+    (failure,) = judge_accuracy(old, gates, Recipe.A16W8).failures
     assert failure["field"] == "max_kl_vs_fp32" and failure["value"] == 0.3
 
 
@@ -126,18 +134,18 @@ def test_a_program_that_matches_its_fake_quant_model_blames_the_recipe() -> None
     # Far from fp32, close to the fake-quantized model: the quantization lost it.
     lossy = {"vs_fp32": _acc(8.0, 0.5), "vs_fake_quant": _acc(35.0, 0.9999)}
     verdict = judge_accuracy(lossy, gates, Recipe.A8W8)
-    message = str(AccuracyGateError(Path("out"), cast(Any, None), verdict["failures"], "8a8w",
+    message = str(AccuracyGateError(Path("out"), cast(Any, None), verdict.failures, "8a8w",
                                     lossy))
     assert "matches its fake-quantized model (35 dB)" in message
     assert "the loss is the recipe's" in message and "try --recipe 16a8w" in message
     # A 16-bit recipe is not told to take 16-bit activations: the next recipe up is named.
-    block = str(AccuracyGateError(Path("out"), cast(Any, None), verdict["failures"],
+    block = str(AccuracyGateError(Path("out"), cast(Any, None), verdict.failures,
                                   "16a4w_block", lossy))
     assert "try --recipe 16a8w" in block and "16-bit activations" not in block
     # Far from both (or no fake-quant comparison): nothing is blamed.
     for accuracy in ({"vs_fp32": _acc(8.0, 0.5), "vs_fake_quant": _acc(12.0, 0.95)},
                      {"vs_fp32": _acc(8.0, 0.5)}):
-        failures = judge_accuracy(accuracy, gates, Recipe.A8W8)["failures"]
+        failures = judge_accuracy(accuracy, gates, Recipe.A8W8).failures
         assert failures
         blamed = str(AccuracyGateError(Path("out"), cast(Any, None), failures, "8a8w", accuracy))
         assert "recipe's" not in blamed
@@ -145,14 +153,14 @@ def test_a_program_that_matches_its_fake_quant_model_blames_the_recipe() -> None
 
 def test_a_nan_metric_fails_its_gate_and_inf_passes() -> None:
     gates = AccuracyGates(min_sqnr_db_vs_fp32=40.0)
-    assert judge_accuracy({"vs_fp32": _acc(math.nan, 1.0)}, gates)["ok"] is False
-    assert judge_accuracy({"vs_fp32": _acc(math.inf, 1.0)}, gates)["ok"] is True
+    assert judge_accuracy({"vs_fp32": _acc(math.nan, 1.0)}, gates).ok is False
+    assert judge_accuracy({"vs_fp32": _acc(math.inf, 1.0)}, gates).ok is True
 
 
 def test_gates_off_judge_nothing() -> None:
     gates = InferConfig(accuracy_gates=False).gates_for(Recipe.FP32)
     assert gates == AccuracyGates()
-    assert judge_accuracy({"vs_fp32": _acc(-10.0, -1.0)}, gates)["ok"] is None
+    assert judge_accuracy({"vs_fp32": _acc(-10.0, -1.0)}, gates).ok is None
 
 
 # --- real programs -------------------------------------------------------------------------------
@@ -201,9 +209,10 @@ def test_a_wrong_float_program_exits_non_zero_with_the_numbers(
     assert "--no-accuracy-gates" in err
     # The outputs are the evidence: the artifact is written and sealed anyway.
     manifest = load_manifest(out, expect_stage="infer")
-    verdict = manifest.metrics["accuracy_gates"]
-    assert verdict["ok"] is False and verdict["recipe"] == "fp32"
-    assert float(manifest.metrics["accuracy"]["vs_fp32"]["cosine"]) < -0.99
+    run = InferReport.of(manifest)
+    assert run.verdict.ok is False and run.verdict.recipe == "fp32"
+    assert manifest.metrics["accuracy_gates"] == run.verdict.to_json()  # the field, as sealed
+    assert float((run.vs_fp32 or Comparison()).cosine or 0.0) < -0.99
     failure = gate_failure(out, manifest)
     assert failure is not None and "SQNR vs fp32" in str(failure)
 
@@ -233,6 +242,14 @@ def test_quantized_run_is_ok_then_an_impossible_gate_fails_it(
         "max_perplexity_vs_fake_quant": None, "max_kl_vs_fp32": None,
         "min_same_top_percent_vs_fp32": None,
     }
+    # Each stage sealed its report: every key it wrote is a field of that report, read back
+    # whole (no figure spelled by hand beside the report).
+    for stage, report in (("quantize", QuantizeReport), ("compile", CompileReport),
+                          ("infer", InferReport)):
+        sealed = load_manifest(_artifact(summary, stage), expect_stage=stage)
+        fields = {f.name for f in dataclasses.fields(report)} | set(WEIGHT_RECORDS)
+        assert set(sealed.metrics) <= fields, (stage, set(sealed.metrics) - fields)
+        assert report.of(sealed).to_metrics() == sealed.metrics
     capsys.readouterr()
 
     assert pipeline_main([*args, "--min-sqnr-db", "500"]) == 2

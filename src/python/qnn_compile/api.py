@@ -18,6 +18,7 @@ from qnn_common.config import CompileConfig, Stage
 from qnn_common.errors import ConfigValidationError
 from qnn_common.manifest import Manifest, ProgramRecord
 from qnn_common.recipes import BACKENDS
+from qnn_common.reports import CompileReport
 from qnn_common.sealing import seal_stage
 from qnn_common.stages import (
     DEFAULT_METHOD,
@@ -164,24 +165,22 @@ def run_compile(inp: CompileInput) -> Artifact:
         inputs=digests,
         files=files,
         timings={"lower_s": seconds},
-        metrics={
-            "model": upstream.metrics.get("model") if upstream else inp.source.path.name,
-            "target": dict(lowering.record),
-            "pte_bytes": pte.size,
-            "delegated_ops": lowered.delegated_ops,
-            "non_delegated_ops": lowered.non_delegated_ops,
-            "partitions": lowered.partitions,
-            "non_delegated_op_counts": lowered.op_counts,
-            # Per method, each delegate's payload in call order: for QNN, each HTP context
-            # (several per method with --num-shards).
-            "delegate_bytes": lowered.delegate_bytes,
+        metrics=CompileReport(
+            model=upstream.metrics.get("model") if upstream else inp.source.path.name,
+            target=dict(lowering.record),
+            pte_bytes=pte.size,
+            delegated_ops=lowered.delegated_ops,
+            non_delegated_ops=lowered.non_delegated_ops,
+            partitions=lowered.partitions,
+            non_delegated_op_counts=lowered.op_counts,
+            delegate_bytes=lowered.delegate_bytes,
             # --num-shards: the count lowered with, each shard's estimate beside its measure.
-            **({"shards": shards.to_json(lowered.delegate_bytes, lowered.cached_payloads)}
-               if shards else {}),
+            shards=(shards.to_json(lowered.delegate_bytes, lowered.cached_payloads)
+                    if shards else None),
             # With a context cache: each context built (and in how long) or reused.
-            **({"contexts": [r.to_json() for r in lowered.cached_payloads]}
-               if lowered.cached_payloads else {}),
-        },
+            contexts=([r.to_json() for r in lowered.cached_payloads]
+                      if lowered.cached_payloads else None),
+        ).to_metrics(),
         extra_tools=lowering.tools,
         # What the .pte runs: the upstream record, or a bare .pt2's one method.
         program=upstream.program if upstream is not None else ProgramRecord(

@@ -24,6 +24,7 @@ from qnn_common.errors import ConfigValidationError
 from qnn_common.gates import AccuracyGates, default_accuracy_gates, next_token_bounds
 from qnn_common.llm_spec import GenerationConfig, check_seed
 from qnn_common.recipes import Recipe
+from qnn_common.reports import InferReport
 from qnn_common.stages import InferInput
 from qnn_infer.deadline import set_run_timeout
 from qnn_infer.gate_check import GATES, LABELS, gate_failure
@@ -216,11 +217,11 @@ def _main(argv: Sequence[str] | None) -> int:
 
     source = Artifact.open(args.source)
     result = run_infer(InferInput(source=source, config=config, out_dir=args.out))
-    metrics = result.sealed.metrics
-    report = {"latency_ms": result.metrics("latency_ms"), "accuracy": result.metrics("accuracy"),
-              "accuracy_ok": metrics["accuracy_gates"]["ok"]}
-    if "generation" in metrics:
-        report["generation"] = metrics["generation"]
+    ran = InferReport.of(result.sealed)
+    report: dict[str, Any] = {"latency_ms": dict(ran.latency_ms), "accuracy": ran.accuracy,
+                              "accuracy_ok": ran.verdict.ok}
+    if ran.generation is not None:
+        report["generation"] = ran.generation
     print(json.dumps(report, indent=2))
     failure = gate_failure(result.path, result.sealed)
     if failure is not None:

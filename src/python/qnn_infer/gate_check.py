@@ -12,6 +12,7 @@ from qnn_common.errors import PipelineError
 from qnn_common.gates import NEXT_RECIPE, AccuracyGates
 from qnn_common.manifest import Manifest
 from qnn_common.recipes import Recipe
+from qnn_common.reports import GateVerdict, InferReport
 
 # Each gate: its field, the comparison it reads ("vs_fp32" / "vs_fake_quant" / "perplexity"), the
 # metric, and the qnn-infer / qnn-pipeline flag that sets it. `max_*` gates are upper bounds.
@@ -176,8 +177,8 @@ def _relaxed(metric: str, value: float) -> float:
 
 def judge_accuracy(
     accuracy: dict[str, Any], gates: AccuracyGates, recipe: Recipe | None = None
-) -> dict[str, Any]:
-    """The gate verdict recorded in the infer manifest (`metrics.accuracy_gates`).
+) -> GateVerdict:
+    """The gate verdict recorded in the infer manifest (`InferReport.accuracy_gates`).
 
     `ok` is True when every gate with a reference passed, False when one failed, and None when
     there was nothing to judge (no reference for these inputs, or no gate for what there is).
@@ -194,12 +195,12 @@ def judge_accuracy(
         if not (value <= gate if name.startswith("max_") else value >= gate):
             failures.append({"field": name, "comparison": comparison, "metric": metric,
                              "value": value, "gate": gate})
-    return {
-        "ok": None if checked == 0 else not failures,
-        "recipe": None if recipe is None else recipe.value,
-        "gates": dataclasses.asdict(gates),
-        "failures": failures,
-    }
+    return GateVerdict(
+        ok=None if checked == 0 else not failures,
+        recipe=None if recipe is None else recipe.value,
+        gates=dataclasses.asdict(gates),
+        failures=failures,
+    )
 
 
 def gate_failure(artifact_dir: Path, manifest: Manifest) -> AccuracyGateError | None:
@@ -211,12 +212,12 @@ def gate_failure(artifact_dir: Path, manifest: Manifest) -> AccuracyGateError | 
     cached artifact that failed its gates (same program, inputs and gates) fails again rather
     than passing on the second run.
     """
-    verdict = manifest.metrics.get("accuracy_gates") or {}
-    if verdict.get("ok") is not False:
+    report = InferReport.of(manifest)
+    if report.verdict.ok is not False:
         return None
     failures = [
         {**f, "value": float(f["value"]), "gate": float(f["gate"])}  # "inf" strings in JSON
-        for f in verdict.get("failures", [])
+        for f in report.verdict.failures
     ]
-    return AccuracyGateError(artifact_dir, manifest, failures, verdict.get("recipe"),
-                             manifest.metrics.get("accuracy"))
+    return AccuracyGateError(artifact_dir, manifest, failures, report.verdict.recipe,
+                             report.accuracy)

@@ -141,7 +141,8 @@ def build_summary(
         "dynamic_ops": quantized.dynamic_ops,
         # The per-layer recipes and the layers each took (quantize.layer_recipes).
         "layer_recipes": [
-            {k: e.get(k) for k in ("pattern", "recipe", "layers")} for e in quantized.layer_recipes
+            {k: e.get(k) for k in ("pattern", "recipe", "layers")}
+            for e in quantized.layer_recipes or []
         ],
         "pte_bytes": compiled.pte_bytes,
         "delegated_ops": compiled.delegated_ops,

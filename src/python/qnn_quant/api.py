@@ -8,6 +8,7 @@ import qnn_quant
 from qnn_common.artifact import Artifact
 from qnn_common.cache_keys import cache_key, code_version
 from qnn_common.config import QuantizeConfig, Stage
+from qnn_common.reports import QuantizeReport
 from qnn_common.sealing import seal_stage
 from qnn_common.stages import (
     REFERENCE_FAKE_QUANT,
@@ -59,34 +60,39 @@ def run_quantize(inp: QuantizeInput) -> Artifact:
         inputs={"prepare": src.identity_digest()},
         files=[*files.values(), REFERENCE_FAKE_QUANT, *carried], timings=quantized.timings,
         program=src.program,
-        metrics={
-            "model": src.metrics.get("model"),
-            "quantized_ops": sum(quantized_op_count(p.graph_module) for p in methods),
-            "quantized_op_kinds": _merged_kinds(methods),
-            "dynamic_ops": sum(dynamic_op_count(p.graph_module) for p in methods),
-            **_rounding_metrics(cfg, quantized.weights),
-            **({"layer_recipes": layer_recipes} if layer_recipes else {}),
-            "accuracy": quantized.accuracy,
-        },
+        metrics=QuantizeReport(
+            model=src.metrics.get("model"),
+            quantized_ops=sum(quantized_op_count(p.graph_module) for p in methods),
+            quantized_op_kinds=_merged_kinds(methods),
+            dynamic_ops=sum(dynamic_op_count(p.graph_module) for p in methods),
+            weight_rounding=cfg.rounding.value,
+            calibration=_calibration(quantized.weights),
+            weight_records=_weight_records(cfg, quantized.weights),
+            layer_recipes=layer_recipes or None,
+            accuracy=quantized.accuracy,
+        ).to_metrics(),
     )
     return Artifact(inp.out_dir, manifest, handed_on(saved))
 
 
-def _rounding_metrics(
+def _calibration(weights: GptqResult | IntxResult | None) -> str | None:
+    """A dynamic recipe's word on calibration: none chose an activation scale."""
+    if not isinstance(weights, IntxResult):
+        return None
+    return "none: activation scales are chosen per token at run time" + (
+        f"; {weights.smoothing_texts} calibration text(s) chose the smoothed blocks' factors"
+        if weights.smoothing_texts else ""
+    )
+
+
+def _weight_records(
     cfg: QuantizeConfig, weights: GptqResult | IntxResult | None
-) -> dict[str, Any]:
-    """The weight rounding in effect and, for GPTQ, what it did; for 8da4w, its weight
-    transform (groups, linears quantized and kept float) and that no scale was calibrated."""
-    out: dict[str, Any] = {"weight_rounding": cfg.rounding.value}
+) -> dict[str, dict[str, Any]]:
+    """GPTQ's record, or a dynamic recipe's weight transform (groups, linears quantized and kept
+    float), under its name (`reports.WEIGHT_RECORDS`)."""
     if isinstance(weights, IntxResult):
-        out["calibration"] = "none: activation scales are chosen per token at run time" + (
-            f"; {weights.smoothing_texts} calibration text(s) chose the smoothed blocks' factors"
-            if weights.smoothing_texts else ""
-        )
-        out[cfg.recipe.value] = weights.to_json()
-    elif weights is not None:
-        out["gptq"] = weights.to_json()
-    return out
+        return {cfg.recipe.value: weights.to_json()}
+    return {} if weights is None else {"gptq": weights.to_json()}
 
 
 def _merged_kinds(programs: Any) -> dict[str, int]:

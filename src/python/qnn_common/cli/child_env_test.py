@@ -26,7 +26,7 @@ sys.exit(subprocess.run([sys.executable, "-c", "import only_on_my_path"], env=en
 @pytest.mark.parametrize(("mode", "code"), [("inherited", 1), ("passed", 0)])
 def test_child_sees_the_path_only_when_passed(tmp_path: Path, mode: str, code: int) -> None:
     (tmp_path / "only_on_my_path.py").write_text("")
-    qnn_common_root = str(Path(__file__).resolve().parents[1])
+    qnn_common_root = str(Path(__file__).resolve().parents[2])  # the directory holding qnn_common
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     done = subprocess.run(
         [sys.executable, "-c", f"import sys; sys.path.insert(0, {qnn_common_root!r})\n" + _PARENT,

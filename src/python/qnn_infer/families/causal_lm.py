@@ -29,6 +29,7 @@ from qnn_common.manifest import Manifest
 from qnn_common.numerics.lm_metrics import compare_next_tokens, perplexity, perplexity_interval
 from qnn_common.numerics.metrics import logits_accuracy
 from qnn_common.recipes import Backend
+from qnn_common.reports import InferReport
 from qnn_common.sealing import load_manifest
 from qnn_common.stages import (
     EVAL_INPUTS,
@@ -243,17 +244,17 @@ def run(
     manifest = seal(
         out, inp, [], {"run_s": check_s}, extra_tools=runtime.tools,
         program=upstream.program,
-        metrics={
-            "model": upstream.metrics.get("model"),
-            "runner": "host",
-            "threads": threads,
-            "samples": (len(load_samples(inp.source.path / EVAL_INPUTS))
-                        if EVAL_INPUTS in have else 0),
-            "latency_ms": generation_latency(generation),
-            "accuracy": accuracy,
-            "accuracy_gates": verdict,
-            "generation": generation.to_json(),
-        },
+        metrics=InferReport(
+            model=upstream.metrics.get("model"),
+            runner="host",
+            threads=threads,
+            samples=(len(load_samples(inp.source.path / EVAL_INPUTS))
+                     if EVAL_INPUTS in have else 0),
+            latency_ms=generation_latency(generation),
+            accuracy=accuracy,
+            accuracy_gates=verdict,
+            generation=generation.to_json(),
+        ).to_metrics(),
     )
     return Artifact(inp.out_dir, manifest)  # the verdict is in it: gate_check.gate_failure
 

@@ -18,6 +18,7 @@ from qnn_common.errors import ConfigValidationError
 from qnn_common.manifest import Manifest
 from qnn_common.numerics.metrics import compare_samples
 from qnn_common.recipes import Recipe
+from qnn_common.reports import InferReport
 from qnn_common.stages import (
     ETDUMP,
     EVAL_INPUTS,
@@ -119,16 +120,15 @@ def run(
     log.info("ran %d sample(s); p50 %.3f ms, p90 %.3f ms", len(inputs),
              latency["p50_ms"], latency["p90_ms"])
     profile_files: list[str] = []
-    profiled: dict[str, Any] = {}
+    profiled: dict[str, Any] | None = None
     if etdump is not None and host is not None:
         host.write_etdump(etdump)
         if cfg.profile:
             profile = write_profile(etdump, out, Path(pte).name)
             profile_files = [PROFILE_MD, PROFILE_JSON]
-            profiled = {"profile": {"execute_ms": round(profile.execute_ms, 4),
-                                    "outside_delegates_ms":
-                                        round(profile.outside_delegates_ms, 4),
-                                    "top": [op.name for op in profile.ops[:3]]}}
+            profiled = {"execute_ms": round(profile.execute_ms, 4),
+                        "outside_delegates_ms": round(profile.outside_delegates_ms, 4),
+                        "top": [op.name for op in profile.ops[:3]]}
             log.info("profile: %s (Method::execute %.3f ms per traced run)",
                      out / PROFILE_MD, profile.execute_ms)
     save_samples(out / OUTPUTS, outputs)
@@ -143,19 +143,19 @@ def run(
     manifest = seal(
         out, inp, files, {"run_s": run_s}, extra_tools=runtime.tools,
         program=upstream.program if upstream is not None else None,
-        metrics={
-            "model": upstream.metrics.get("model") if upstream else Path(pte).name,
+        metrics=InferReport(
+            model=upstream.metrics.get("model") if upstream else Path(pte).name,
             # A bare .pte records nothing else about itself: the backends its delegates are for.
-            **({} if upstream else {"delegates": sorted(b.value for b in backends)}),
-            "runner": runner.name,
-            **({"threads": threads} if threads is not None else {}),
-            **({"runtime": runtime.record} if runtime.record else {}),
-            "samples": len(inputs),
-            "latency_ms": {k.removesuffix("_ms"): v for k, v in latency.items()},
-            "accuracy": accuracy,
-            "accuracy_gates": verdict,
-            **profiled,
-        },
+            delegates=None if upstream else sorted(b.value for b in backends),
+            runner=runner.name,
+            threads=threads,
+            runtime=runtime.record or None,
+            samples=len(inputs),
+            latency_ms={k.removesuffix("_ms"): v for k, v in latency.items()},
+            accuracy=accuracy,
+            accuracy_gates=verdict,
+            profile=profiled,
+        ).to_metrics(),
     )
     # A run below the gates is sealed too (its outputs are the evidence); the verdict is in the
     # manifest, and the CLIs turn a failure into an exit code (gate_check.gate_failure).
