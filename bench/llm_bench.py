@@ -12,7 +12,11 @@ In one process, on the same model, prompt and number of new tokens, both greedy:
 - peak RSS of each stage, each run as its own CLI process (`os.wait4` reports the child's peak);
 - with `--llama-cpp-python PYTHON` and `--model smollm2-135m`: llama.cpp on the GGUF file the
   model comes from (`llama_cpp_peer.py`, run by that interpreter), same prompt token ids, threads
-  and new tokens; our decode tokens/s as a ratio of its.
+  and new tokens; our decode tokens/s as a ratio of its;
+- on the CPU backends, each program's decode roofline (`roofline.py`): a step's MACs and bytes
+  read (weights at the recipe's width, one embedding row, the KV cache at the middle of the
+  generation) against this host's measured peaks at the bench's threads, and the fraction of
+  that limit the measured decode step reaches.
 Only ratios measured side by side mean anything on these noisy machines. Writes JSON with
 `--json` and prints a Markdown table.
 """
@@ -30,6 +34,7 @@ from typing import Any
 
 import torch
 from host import describe_host
+from roofline import decode_cost, probe_host, roofline
 from stage_process import run_stage
 from tables import render
 
@@ -144,6 +149,20 @@ def _separate_size(source: Path, recipe: str) -> int:
     )
 
 
+def _add_decode_roofline(rows: list[dict[str, Any]], model_dir: Path, peaks: Any,
+                         new_tokens: int) -> None:
+    """Each row's decode step against the host's limit (the emulator's rows have none)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir)).eval()
+    prompt = len(AutoTokenizer.from_pretrained(str(model_dir))(
+        PROMPT, add_special_tokens=False)["input_ids"])
+    for row in rows:
+        step_ms = 1e3 / row["generation"]["decode_tokens_per_s"]
+        cost = decode_cost(model, Recipe(row["recipe"]), context=prompt + new_tokens // 2)
+        row["decode_roofline"] = roofline(cost, peaks, Recipe(row["recipe"]), step_ms)
+
+
 def _llama_cpp(python: str, model_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
     """llama.cpp's greedy run on the model's GGUF, with our tokenizer's prompt ids."""
     import subprocess
@@ -209,12 +228,16 @@ def main() -> None:
         peer = None if not args.llama_cpp_python else _llama_cpp(
             args.llama_cpp_python, model_dir, args)
         rows = [_run(args.model, r, work, args, eager_tokens) for r in args.recipes]
+        peaks = None if args.backend == "qnn" else probe_host(args.threads)
+        if peaks is not None:
+            _add_decode_roofline(rows, model_dir, peaks, args.new_tokens)
     result = {
         "bench": "llm",
         "model": args.model, "machine": describe_host(),
         "date": time.strftime("%Y-%m-%d"), "torch": torch.__version__,
         "backend": args.backend, "soc": args.soc if args.backend == "qnn" else None,
-        "threads": args.threads, "eager_decode_tokens_per_s": round(eager, 1), "rows": rows,
+        "threads": args.threads, "eager_decode_tokens_per_s": round(eager, 1),
+        "host_peaks": None if peaks is None else peaks.to_json(), "rows": rows,
         "llama_cpp": peer,
     }
     if args.json:

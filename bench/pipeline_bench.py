@@ -15,7 +15,10 @@ one process (the machines are noisy, so only ratios measured side by side are re
   ops once per op namespace per decomposition, see qnn_compile.cia_ops);
 - the .pte's latency p50 / p90 vs. eager fp32 PyTorch on the same input, threads and run count;
 - with `--rss` (default: minilm), each stage again as its own CLI process, for its peak RSS
-  (`stage_process.run_stage`).
+  (`stage_process.run_stage`);
+- on the CPU backends, the .pte's roofline (`roofline.py`): its MACs and weight bytes per
+  inference against this host's measured bandwidth and GEMM peaks (probed once, at the bench's
+  thread count), and the fraction of that limit its p50 reaches.
 
 What the pipeline does on top of the plain calls, and the plain script does not: save each
 stage's program (a chained run hands it to the next stage in memory: programs.SavedProgram),
@@ -39,6 +42,7 @@ from typing import Any
 
 import torch
 from qnn_plain_calls import plain_qnn
+from roofline import HostPeaks, inference_cost, probe_host, roofline
 from stage_process import run_stage
 from tables import STAGES, render
 
@@ -154,8 +158,10 @@ def _stage_rss(model: str, recipe: Recipe, args: argparse.Namespace, work: Path
     return {name: round(run_stage(argv, work)[1]) for name, argv in steps}
 
 
-def bench(model_name: str, recipe: Recipe, args: argparse.Namespace) -> dict[str, Any]:
-    """One row: the pipeline and the plain calls side by side, then eager and peak RSS."""
+def bench(model_name: str, recipe: Recipe, args: argparse.Namespace,
+          peaks: HostPeaks | None = None) -> dict[str, Any]:
+    """One row: the pipeline and the plain calls side by side, then eager, the roofline (where
+    `peaks` were probed) and peak RSS."""
     with tempfile.TemporaryDirectory() as tmp:
         ctx = PipelineContext.create(
             model_name, out_dir=Path(tmp) / "out", force=True, recipe=recipe,
@@ -201,6 +207,9 @@ def bench(model_name: str, recipe: Recipe, args: argparse.Namespace) -> dict[str
     eager_p50, eager_p90 = _eager_ms(model.module, tuple(model.example_inputs), args.runs)
     stages = {r.stage.value: r.seconds for r in result.records if r.status == "ran"}
     latency = result.summary["latency_ms"]
+    limit = None if peaks is None else roofline(
+        inference_cost(model.module, tuple(model.example_inputs), recipe), peaks, recipe,
+        latency["p50"])
     rss: dict[str, float] = {}
     if model_name in args.rss:
         with tempfile.TemporaryDirectory() as tmp:
@@ -230,6 +239,7 @@ def bench(model_name: str, recipe: Recipe, args: argparse.Namespace) -> dict[str
         "eager_fp32_p50_ms": round(eager_p50, 3),
         "eager_fp32_p90_ms": round(eager_p90, 3),
         "pte_vs_eager_fp32": round(latency["p50"] / eager_p50, 3),
+        "roofline": limit,
         "delegated_ops": result.summary["delegated_ops"],
         "non_delegated_ops": result.summary["non_delegated_ops"],
         "peak_rss_mb": rss,
@@ -237,11 +247,12 @@ def bench(model_name: str, recipe: Recipe, args: argparse.Namespace) -> dict[str
     }
 
 
-def _row(model_name: str, recipe: Recipe, args: argparse.Namespace) -> dict[str, Any]:
+def _row(model_name: str, recipe: Recipe, args: argparse.Namespace,
+         peaks: HostPeaks | None) -> dict[str, Any]:
     """`bench`'s row, or one saying which side failed and why: a case the pipeline (or the
     plain calls) cannot run is a result of the comparison, not the end of the run."""
     try:
-        return bench(model_name, recipe, args)
+        return bench(model_name, recipe, args, peaks)
     except Exception as exc:  # recorded in the row, with its type and message
         print(f"{model_name} {recipe.value}: {type(exc).__name__}: {exc}"[:2000])
         return {"model": model_name, "backend": args.backend.value,
@@ -304,7 +315,9 @@ def main() -> None:
         _plain("tiny-cnn", Recipe(args.recipes[0]), args, Path(tmp), samples=2, runs=1)
     for model in args.models:
         load_model(model, seq_len=args.seq_len)  # warm the page cache and lazy imports
-    rows = [_row(m, Recipe(r), args) for m in args.models for r in args.recipes]
+    # The emulator's times say nothing of a phone's limit: no roofline for the HTP.
+    peaks = None if args.backend is Backend.QNN else probe_host(threads)
+    rows = [_row(m, Recipe(r), args, peaks) for m in args.models for r in args.recipes]
     machine = (f"{platform.machine()}, {os.cpu_count()} cores, load average "
                f"{os.getloadavg()[0]:.1f} at the end")
     print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {machine}; {threads} "
@@ -316,7 +329,8 @@ def main() -> None:
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "machine": machine,
         "torch": torch.__version__, "threads": threads, "seq_len": args.seq_len,
         "backend": args.backend.value,
-        "calibration_samples": args.calibration_samples, "runs": args.runs, "rows": rows,
+        "calibration_samples": args.calibration_samples, "runs": args.runs,
+        "host_peaks": None if peaks is None else peaks.to_json(), "rows": rows,
     }
     print(render(result))
     if args.json:

@@ -25,16 +25,16 @@ def pipeline(result: Mapping[str, Any]) -> str:
         "| model | backend | recipe | prepare s | quantize s | compile s | infer s | pipeline s "
         "| plain s | pipeline / plain | lowering s ours / plain | overhead s | of which report s "
         "| .pte p50 / p90 ms | eager fp32 p50 / p90 ms "
-        "| .pte / eager | SQNR dB vs fp32 ours / plain | ops outside the delegate "
-        "| peak RSS MB prep / quant / comp / infer |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| .pte / eager | roofline: bound, fraction reached | SQNR dB vs fp32 ours / plain "
+        "| ops outside the delegate | peak RSS MB prep / quant / comp / infer |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in result["rows"]:
         backend = r.get("backend", "xnnpack") + (f" {r['soc']}" if r.get("soc") else "")
         if "error" in r:  # a case that did not run: why, in the row
             error = r["error"].split(";")[0].replace("|", "/")[:160]
             lines.append(f"| {r['model']} | {backend} | {r['recipe']} | failed: {error} |"
-                         + " |" * 15)
+                         + " |" * 16)
             continue
         s, rss = r["stages_s"], r["peak_rss_mb"]
         report = "-" if r["accuracy_report_s"] is None else f"{r['accuracy_report_s']:.1f}"
@@ -48,7 +48,7 @@ def pipeline(result: Mapping[str, Any]) -> str:
             f"{r['overhead_s']:+.1f} | {report} | "
             f"{r['pte_p50_ms']:.2f} / {r['pte_p90_ms']:.2f} | "
             f"{r['eager_fp32_p50_ms']:.2f} / {r['eager_fp32_p90_ms']:.2f} | "
-            f"**{r['pte_vs_eager_fp32']:.2f}x** | "
+            f"**{r['pte_vs_eager_fp32']:.2f}x** | {_roofline(r.get('roofline'))} | "
             f"{_cell(sqnr, 'ours', '.1f')} / {_cell(sqnr, 'plain', '.1f')} | "
             f"{r['non_delegated_ops']} | "
             + (" / ".join(_cell(rss, n, ".0f") for n in STAGES) if rss else "-") + " |"
@@ -80,6 +80,15 @@ def compile_cost(result: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _roofline(limit: Mapping[str, Any] | None) -> str:
+    """E.g. "memory (int8) 1.20 ms, **0.31**": the bound (roofline.py), the GEMM peak that applied,
+    and the fraction of the bound the measured time reached."""
+    if not limit or limit.get("fraction") is None:
+        return "-"
+    bound_ms = max(limit["memory_ms"], limit["compute_ms"])
+    return f"{limit['bound']} ({limit['peak']}) {bound_ms:.2f} ms, **{limit['fraction']:.2f}**"
+
+
 def _bytes(n: int | None) -> str:
     return "-" if n is None else f"{n:,}"
 
@@ -93,8 +102,8 @@ def llm(result: Mapping[str, Any]) -> str:
         "| recipe | decode tok/s | vs eager | vs llama.cpp | prefill tok/s | TTFT ms "
         "| greedy tokens = eager's | argmax vs eager | perplexity (eager fp32) | .pte bytes "
         + ("(weight-shared, device) " if qnn else "(2 separate) ")
-        + f"| stage s ({'/'.join(order)}) | peak RSS MB |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        + f"| stage s ({'/'.join(order)}) | peak RSS MB | decode roofline: bound, fraction |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in result["rows"]:
         g = r["generation"]
@@ -113,7 +122,7 @@ def llm(result: Mapping[str, Any]) -> str:
             f"{r['perplexity']['program']:.3f} ({r['perplexity']['fp32']:.3f}) | "
             f"{r['pte_bytes']:,} "
             f"({_bytes(r['shared_pte_bytes'] if qnn else r['separate_pte_bytes'])}) | "
-            f"{stages} | {rss} |"
+            f"{stages} | {rss} | {_roofline(r.get('decode_roofline'))} |"
         )
     return "\n".join(lines)
 
