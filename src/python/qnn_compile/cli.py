@@ -9,12 +9,12 @@ from pathlib import Path
 
 from qnn_common.artifact import Artifact
 from qnn_common.cli.support import (
-    EXIT_CODES_HELP,
     add_logging_args,
     check_output_writable,
     check_path_args,
     run_cli,
     setup_logging,
+    stage_parser,
 )
 from qnn_common.config import (
     DEFAULT_HTP_PERFORMANCE_MODE,
@@ -64,15 +64,12 @@ def _shards(text: str) -> int | str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="qnn-compile",
-        description="Lower an exported program to an ExecuTorch .pte. SOURCE is a prepare or "
-        "quantize artifact directory, or any .pt2 written by torch.export.save.",
-        epilog=EXIT_CODES_HELP,
+    p = stage_parser(
+        "qnn-compile",
+        "Lower an exported program to an ExecuTorch .pte. SOURCE is a prepare or quantize "
+        "artifact directory, or any .pt2 written by torch.export.save.",
+        source_help="artifact directory or .pt2 file", default_out="out/compile",
     )
-    p.add_argument("source", type=Path, help="artifact directory or .pt2 file")
-    p.add_argument("-o", "--out", type=Path, default=Path("out/compile"),
-                   help="artifact directory to write (default: %(default)s)")
     p.add_argument("--backend", default=Backend.XNNPACK.value,
                    help=f"{', '.join(b.value for b in Backend)} (default: %(default)s)")
     p.add_argument("--recipe", help="precision the program carries (default: the quantize "

@@ -12,12 +12,12 @@ from typing import Any
 
 from qnn_common.artifact import Artifact
 from qnn_common.cli.support import (
-    EXIT_CODES_HELP,
     add_logging_args,
     check_output_writable,
     check_path_args,
     run_cli,
     setup_logging,
+    stage_parser,
 )
 from qnn_common.config import InferConfig
 from qnn_common.errors import ConfigValidationError
@@ -176,17 +176,13 @@ def add_profile_arg(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="qnn-infer",
-        description="Run an ExecuTorch program on the host runtime (QNN programs on the x86 HTP "
-        "emulator) or an Android device. SOURCE is a compile "
-        "artifact directory (its eval inputs and fp32 / fake-quant references come along) or "
-        "any .pte file (then pass --inputs).",
-        epilog=EXIT_CODES_HELP,
+    p = stage_parser(
+        "qnn-infer",
+        "Run an ExecuTorch program on the host runtime (QNN programs on the x86 HTP emulator) or "
+        "an Android device. SOURCE is a compile artifact directory (its eval inputs and fp32 / "
+        "fake-quant references come along) or any .pte file (then pass --inputs).",
+        source_help="compile artifact directory or .pte file", default_out="out/infer",
     )
-    p.add_argument("source", type=Path, help="compile artifact directory or .pte file")
-    p.add_argument("-o", "--out", type=Path, default=Path("out/infer"),
-                   help="artifact directory to write (default: %(default)s)")
     add_inputs_arg(p)
     p.add_argument("--warmup", type=int, default=3, help="untimed runs first (default: 3)")
     p.add_argument("--runs", type=int, default=20, help="timed runs (default: 20)")

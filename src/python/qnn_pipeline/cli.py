@@ -10,11 +10,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from qnn_common.cli.support import (
-    EXIT_CODES_HELP,
     add_logging_args,
     check_output_writable,
     check_path_args,
     check_utf8_path,
+    command_parser,
     run_cli,
     setup_logging,
 )
@@ -69,13 +69,12 @@ log = logging.getLogger(__name__)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="qnn-pipeline",
-        description="Take a model to a running ExecuTorch program: prepare, quantize, compile, "
-        "infer. Each stage writes OUT/<stage>-<key>/ with a manifest; a rerun with the same "
-        "inputs reuses up-to-date stages.",
-        epilog=EPILOG + EXIT_CODES_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    p = command_parser(
+        "qnn-pipeline",
+        "Take a model to a running ExecuTorch program: prepare, quantize, compile, infer. Each "
+        "stage writes OUT/<stage>-<key>/ with a manifest; a rerun with the same inputs reuses "
+        "up-to-date stages.",
+        EPILOG,
     )
     p.add_argument("--model", help="built-in name, Hugging Face directory, or module:function")
     p.add_argument("--list-models", action="store_true", help="list built-in models and exit")

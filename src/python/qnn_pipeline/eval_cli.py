@@ -11,9 +11,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from qnn_common.cli.support import (
-    EXIT_CODES_HELP,
     add_logging_args,
     check_output_writable,
+    command_parser,
     setup_logging,
 )
 from qnn_common.config import Stage
@@ -38,13 +38,12 @@ lineage: the compile artifact made from that quantize artifact, made from that p
 
 
 def build_eval_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="qnn-pipeline eval",
-        description="Evaluate a causal LM's artifacts: KL divergence and same top token against "
-        "the float model over a held-out corpus, a prompt suite and multiple-choice tasks, "
-        "judged by the recipe's gates.",
-        epilog=EPILOG + EXIT_CODES_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    p = command_parser(
+        "qnn-pipeline eval",
+        "Evaluate a causal LM's artifacts: KL divergence and same top token against the float "
+        "model over a held-out corpus, a prompt suite and multiple-choice tasks, judged by the "
+        "recipe's gates.",
+        EPILOG,
     )
     p.add_argument("run", nargs="?", type=Path,
                    help="a pipeline run's --out directory (its summary.json names the artifacts)")

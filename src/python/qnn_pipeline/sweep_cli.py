@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from qnn_common.cli.support import (
-    EXIT_CODES_HELP,
     EXIT_ERROR,
     add_logging_args,
     check_output_writable,
+    command_parser,
     setup_logging,
 )
 from qnn_common.config.toml_file import read_toml
@@ -67,12 +67,11 @@ class SweepOptions:
 
 
 def build_sweep_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="qnn-pipeline sweep",
-        description="Run the pipeline over a matrix of models, backends, SoCs and recipes, as a "
-        "DAG of shared stages, on Ray (local by default) or in this process (--jobs 1).",
-        epilog=EPILOG + EXIT_CODES_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    p = command_parser(
+        "qnn-pipeline sweep",
+        "Run the pipeline over a matrix of models, backends, SoCs and recipes, as a DAG of shared "
+        "stages, on Ray (local by default) or in this process (--jobs 1).",
+        EPILOG,
     )
     p.add_argument("--config", type=Path, help="a sweep TOML file; flags override it")
     p.add_argument("--model", action="append", help="models, comma-separated or repeated")

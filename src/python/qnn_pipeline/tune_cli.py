@@ -8,10 +8,10 @@ from pathlib import Path
 from typing import Any
 
 from qnn_common.cli.support import (
-    EXIT_CODES_HELP,
     add_logging_args,
     check_output_writable,
     check_path_args,
+    command_parser,
     setup_logging,
 )
 from qnn_common.config.toml_file import read_toml
@@ -36,12 +36,11 @@ score it made (docs/tune.md).
 
 
 def build_tune_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="qnn-pipeline tune",
-        description="Find the per-layer recipe that meets a budget (KL divergence from the float "
-        "model, weight bytes), verified by quantizing and scoring every candidate it settles on.",
-        epilog=EPILOG + EXIT_CODES_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    p = command_parser(
+        "qnn-pipeline tune",
+        "Find the per-layer recipe that meets a budget (KL divergence from the float model, "
+        "weight bytes), verified by quantizing and scoring every candidate it settles on.",
+        EPILOG,
     )
     p.add_argument("--model", help="a causal LM: built-in name or Hugging Face directory")
     p.add_argument("--config", type=Path,

@@ -8,11 +8,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from qnn_common.cli.support import (
-    EXIT_CODES_HELP,
     add_logging_args,
     check_output_writable,
     check_path_args,
     check_utf8_path,
+    command_parser,
     run_cli,
     setup_logging,
 )
@@ -21,11 +21,10 @@ from qnn_common.stages import PrepareInput
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="qnn-prepare",
-        description="Load a model, export it with torch.export, and write calibration and "
-        "evaluation samples plus fp32 reference outputs into an artifact directory.",
-        epilog=EXIT_CODES_HELP,
+    p = command_parser(
+        "qnn-prepare",
+        "Load a model, export it with torch.export, and write calibration and evaluation samples "
+        "plus fp32 reference outputs into an artifact directory.",
     )
     p.add_argument(
         "--model",

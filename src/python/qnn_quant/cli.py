@@ -6,16 +6,15 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
 from qnn_common.artifact import Artifact
 from qnn_common.cli.support import (
-    EXIT_CODES_HELP,
     add_logging_args,
     check_output_writable,
     check_path_args,
     run_cli,
     setup_logging,
+    stage_parser,
 )
 from qnn_common.config import DEFAULT_LPBQ_BLOCK, QuantizeConfig
 from qnn_common.layer_recipes import LayerRecipe
@@ -31,15 +30,12 @@ from qnn_common.weight_groups import (
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="qnn-quant",
-        description="Quantize a prepared artifact with PT2E (torchao) and report SQNR / cosine "
-        "per output and the layers that lose the most accuracy.",
-        epilog=EXIT_CODES_HELP,
+    p = stage_parser(
+        "qnn-quant",
+        "Quantize a prepared artifact with PT2E (torchao) and report SQNR / cosine per output "
+        "and the layers that lose the most accuracy.",
+        source_help="a prepared artifact directory (from qnn-prepare)", default_out="out/quantize",
     )
-    p.add_argument("source", type=Path, help="a prepared artifact directory (from qnn-prepare)")
-    p.add_argument("-o", "--out", type=Path, default=Path("out/quantize"),
-                   help="artifact directory to write (default: %(default)s)")
     p.add_argument("--backend", default=Backend.XNNPACK.value,
                    help=f"quantizer to use: {', '.join(b.value for b in Backend)}")
     p.add_argument("--recipe", default=Recipe.A8W8.value,

@@ -59,6 +59,26 @@ class Terminated(KeyboardInterrupt):
     """
 
 
+def command_parser(prog: str, description: str, examples: str = "") -> argparse.ArgumentParser:
+    """A command's parser: its help ends with `examples` (kept as written) and the exit codes
+    every command shares."""
+    return argparse.ArgumentParser(
+        prog=prog, description=description, epilog=examples + EXIT_CODES_HELP,
+        formatter_class=(argparse.RawDescriptionHelpFormatter if examples
+                         else argparse.HelpFormatter),
+    )
+
+
+def stage_parser(prog: str, description: str, source_help: str,
+                 default_out: str) -> argparse.ArgumentParser:
+    """A stage command's parser: SOURCE (an upstream artifact or a bare file) and -o / --out."""
+    p = command_parser(prog, description)
+    p.add_argument("source", type=Path, help=source_help)
+    p.add_argument("-o", "--out", type=Path, default=Path(default_out),
+                   help="artifact directory to write (default: %(default)s)")
+    return p
+
+
 def add_logging_args(parser: argparse.ArgumentParser) -> None:
     """-v (debug logging and unfiltered third-party output) and -q (warnings and errors only)."""
     parser.add_argument(
