@@ -16,9 +16,13 @@ one process (the machines are noisy, so only ratios measured side by side are re
 - the .pte's latency p50 / p90 vs. eager fp32 PyTorch on the same input, threads and run count;
 - with `--rss` (default: minilm), each stage again as its own CLI process, for its peak RSS
   (`stage_process.run_stage`);
-- on the CPU backends, the .pte's roofline (`roofline.py`): its MACs and weight bytes per
+- then, per model, every recipe's .pte and eager fp32 timed side by side in `--latency-rounds`
+  interleaved rounds (`latency_rounds.py`): each ratio (.pte / eager, 8a8w / fp32 .pte) is taken
+  within a round, and reported as the median with its smallest and largest, so that a
+  regression is told from the host's noise;
+- on the CPU backends, each .pte's roofline (`roofline.py`): its MACs and weight bytes per
   inference against this host's measured bandwidth and GEMM peaks (probed once, at the bench's
-  thread count), and the fraction of that limit its p50 reaches.
+  thread count), and the fraction of that limit its median p50 over the rounds reaches.
 
 What the pipeline does on top of the plain calls, and the plain script does not: save each
 stage's program (a chained run hands it to the next stage in memory: programs.SavedProgram),
@@ -34,6 +38,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import statistics
 import tempfile
 import time
@@ -41,8 +46,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from latency_rounds import summary, timed_rounds
 from qnn_plain_calls import plain_qnn
-from roofline import HostPeaks, inference_cost, probe_host, roofline
+from roofline import Cost, HostPeaks, inference_cost, probe_host, roofline
 from stage_process import run_stage
 from tables import STAGES, render
 
@@ -158,10 +164,10 @@ def _stage_rss(model: str, recipe: Recipe, args: argparse.Namespace, work: Path
     return {name: round(run_stage(argv, work)[1]) for name, argv in steps}
 
 
-def bench(model_name: str, recipe: Recipe, args: argparse.Namespace,
-          peaks: HostPeaks | None = None) -> dict[str, Any]:
-    """One row: the pipeline and the plain calls side by side, then eager, the roofline (where
-    `peaks` were probed) and peak RSS."""
+def bench(model_name: str, recipe: Recipe, args: argparse.Namespace) -> dict[str, Any]:
+    """One row: the pipeline and the plain calls side by side, then eager, the program's cost
+    (MACs, weight bytes: the roofline's numerator) and peak RSS. The .pte is kept as
+    `args.keep / <model>-<recipe>.pte` for the latency rounds."""
     with tempfile.TemporaryDirectory() as tmp:
         ctx = PipelineContext.create(
             model_name, out_dir=Path(tmp) / "out", force=True, recipe=recipe,
@@ -197,8 +203,9 @@ def bench(model_name: str, recipe: Recipe, args: argparse.Namespace,
         # Both programs judged alike: the example input's first output against eager fp32.
         compiled = next(r.artifact for r in result.records if r.stage is Stage.COMPILE)
         assert compiled is not None  # the run was checked
-        ours_outputs = HostRunner(next(compiled.glob("*.pte"))).run(
-            tuple(plain["model"].example_inputs))
+        pte = next(compiled.glob("*.pte"))
+        shutil.copy2(pte, args.keep / f"{model_name}-{recipe.value}.pte")
+        ours_outputs = HostRunner(pte).run(tuple(plain["model"].example_inputs))
         sqnr = {"ours": _sqnr_vs_eager(plain["model"], ours_outputs),
                 "plain": _sqnr_vs_eager(plain["model"], plain["outputs"])}
         report_s = _timing(result, Stage.QUANTIZE, "report_s") if recipe.is_quantized else None
@@ -207,9 +214,7 @@ def bench(model_name: str, recipe: Recipe, args: argparse.Namespace,
     eager_p50, eager_p90 = _eager_ms(model.module, tuple(model.example_inputs), args.runs)
     stages = {r.stage.value: r.seconds for r in result.records if r.status == "ran"}
     latency = result.summary["latency_ms"]
-    limit = None if peaks is None else roofline(
-        inference_cost(model.module, tuple(model.example_inputs), recipe), peaks, recipe,
-        latency["p50"])
+    cost = inference_cost(model.module, tuple(model.example_inputs), recipe)
     rss: dict[str, float] = {}
     if model_name in args.rss:
         with tempfile.TemporaryDirectory() as tmp:
@@ -239,7 +244,7 @@ def bench(model_name: str, recipe: Recipe, args: argparse.Namespace,
         "eager_fp32_p50_ms": round(eager_p50, 3),
         "eager_fp32_p90_ms": round(eager_p90, 3),
         "pte_vs_eager_fp32": round(latency["p50"] / eager_p50, 3),
-        "roofline": limit,
+        "cost": {"macs": cost.macs, "bytes_read": cost.bytes_read},
         "delegated_ops": result.summary["delegated_ops"],
         "non_delegated_ops": result.summary["non_delegated_ops"],
         "peak_rss_mb": rss,
@@ -247,17 +252,49 @@ def bench(model_name: str, recipe: Recipe, args: argparse.Namespace,
     }
 
 
-def _row(model_name: str, recipe: Recipe, args: argparse.Namespace,
-         peaks: HostPeaks | None) -> dict[str, Any]:
+def _row(model_name: str, recipe: Recipe, args: argparse.Namespace) -> dict[str, Any]:
     """`bench`'s row, or one saying which side failed and why: a case the pipeline (or the
     plain calls) cannot run is a result of the comparison, not the end of the run."""
     try:
-        return bench(model_name, recipe, args, peaks)
+        return bench(model_name, recipe, args)
     except Exception as exc:  # recorded in the row, with its type and message
         print(f"{model_name} {recipe.value}: {type(exc).__name__}: {exc}"[:2000])
         return {"model": model_name, "backend": args.backend.value,
                 "soc": args.soc if args.backend is Backend.QNN else None,
                 "recipe": recipe.value, "error": f"{type(exc).__name__}: {exc}"[:500]}
+
+
+def _latency(model_name: str, rows: list[dict[str, Any]], args: argparse.Namespace
+             ) -> dict[str, Any]:
+    """The model's programs (every recipe that ran) and eager fp32 in interleaved rounds."""
+    model = load_model(model_name, seq_len=args.seq_len)
+    inputs = tuple(model.example_inputs)
+    contenders: dict[str, Any] = {}
+    for row in rows:
+        if row["model"] == model_name and "error" not in row:
+            runner = HostRunner(args.keep / f"{model_name}-{row['recipe']}.pte",
+                                example_inputs=inputs)
+            contenders[f"{row['recipe']} .pte"] = lambda r=runner: r.run(inputs)
+
+    def eager() -> object:
+        with torch.no_grad():
+            return model.module(*inputs)
+
+    contenders["eager fp32"] = eager
+    pairs = [(f"{q} .pte", "fp32 .pte") for q in ("8a8w", "fp16")
+             if f"{q} .pte" in contenders and "fp32 .pte" in contenders]
+    return summary(timed_rounds(contenders, args.latency_rounds, args.runs), "eager fp32",
+                   pairs)
+
+
+def _add_roofline(row: dict[str, Any], latency: dict[str, Any] | None,
+                  peaks: HostPeaks) -> None:
+    """The row's bound, reached by its median p50 over the rounds (else its infer p50)."""
+    if "error" in row:
+        return
+    p50 = ((latency or {}).get("p50_ms", {}).get(f"{row['recipe']} .pte") or {}).get(
+        "median", row["pte_p50_ms"])
+    row["roofline"] = roofline(Cost(**row["cost"]), peaks, Recipe(row["recipe"]), p50)
 
 
 def _timing(result: Any, stage: Stage, key: str) -> float | None:
@@ -295,6 +332,9 @@ def main() -> None:
     parser.add_argument("--rss", nargs="*", default=["minilm"], metavar="MODEL",
                         help="models whose stages also run as separate processes for their "
                         "peak RSS (default: minilm; none: --rss)")
+    parser.add_argument("--latency-rounds", type=int, default=5,
+                        help="interleaved rounds timing every program of a model and eager "
+                        "fp32 side by side, --runs calls each (default: %(default)s; 0: none)")
     parser.add_argument("--json", type=Path, help="also write the results here")
     add_logging_args(parser)
     args = parser.parse_args()
@@ -315,9 +355,15 @@ def main() -> None:
         _plain("tiny-cnn", Recipe(args.recipes[0]), args, Path(tmp), samples=2, runs=1)
     for model in args.models:
         load_model(model, seq_len=args.seq_len)  # warm the page cache and lazy imports
+    with tempfile.TemporaryDirectory() as keep:
+        args.keep = Path(keep)
+        rows = [_row(m, Recipe(r), args) for m in args.models for r in args.recipes]
+        latency = {m: _latency(m, rows, args) for m in args.models} if args.latency_rounds else {}
     # The emulator's times say nothing of a phone's limit: no roofline for the HTP.
     peaks = None if args.backend is Backend.QNN else probe_host(threads)
-    rows = [_row(m, Recipe(r), args, peaks) for m in args.models for r in args.recipes]
+    for row in rows:
+        if peaks is not None:
+            _add_roofline(row, latency.get(row["model"]), peaks)
     machine = (f"{platform.machine()}, {os.cpu_count()} cores, load average "
                f"{os.getloadavg()[0]:.1f} at the end")
     print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {machine}; {threads} "
@@ -331,6 +377,7 @@ def main() -> None:
         "backend": args.backend.value,
         "calibration_samples": args.calibration_samples, "runs": args.runs,
         "host_peaks": None if peaks is None else peaks.to_json(), "rows": rows,
+        "latency_rounds": latency,
     }
     print(render(result))
     if args.json:

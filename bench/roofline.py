@@ -8,19 +8,20 @@ time: 1.0 runs at the machine's limit, 0.1 leaves nine tenths of the time to som
 (overheads, layout conversions, ops outside the delegate, a kernel short of the peak).
 
 The peaks are measured here (`probe_host`), not read off a datasheet: the best of a few reads of
-an array far larger than the caches, and of torch's own GEMMs (MKL / oneDNN, `torch._int_mm` for
-int8), at the thread count the program ran with. Those GEMMs are good, not perfect: a kernel can
-beat them, so a fraction above 1.0 is possible and means the probe's peak is low. Weights are
-counted, activations not (at these sizes they stay in cache); a decode step also reads its KV
-cache, which `decode_cost` counts.
+an array far larger than the caches, and of torch's own GEMMs (MKL for fp32, FBGEMM / oneDNN's
+dynamically quantized linear for int8), at the thread count the program ran with. Those GEMMs
+are good, not perfect: a kernel can beat them, so a fraction above 1.0 is possible and means the
+probe's peak is low. Weights are counted, activations not (at these sizes they stay in cache); a
+decode step also reads its KV cache, which `decode_cost` counts.
 """
 
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import nn
@@ -67,6 +68,21 @@ def _read_seconds(mib: int, repeats: int) -> float:
     return _best_seconds(lambda: array.sum(), repeats)
 
 
+def _int8_gemm_seconds(x: torch.Tensor, repeats: int) -> float | None:
+    """A square int8 GEMM with activations quantized per call, as XNNPACK's qd8 kernels run:
+    torch's dynamically quantized linear (FBGEMM / oneDNN; `torch._int_mm` has only a slow
+    reference kernel on the CPU). None where this torch has no quantized engine for the CPU."""
+    n = x.shape[0]
+    try:
+        with warnings.catch_warnings():  # the quantized modules are deprecated, not gone
+            warnings.simplefilter("ignore")
+            # Untyped in torch's stubs.
+            linear = cast(Any, torch.ao.nn.quantized.dynamic).Linear(n, n, bias_=False)
+            return _best_seconds(lambda: linear(x), repeats)
+    except (RuntimeError, AttributeError, NotImplementedError):
+        return None
+
+
 def probe_host(threads: int, read_mib: int = 512, gemm: int = 1024,
                repeats: int = 5) -> HostPeaks:
     """Measure the peaks at `threads` threads (torch's pool, restored after): a sum over a
@@ -77,12 +93,7 @@ def probe_host(threads: int, read_mib: int = 512, gemm: int = 1024,
         read_s = _read_seconds(read_mib, repeats)
         a, b = torch.randn(gemm, gemm), torch.randn(gemm, gemm)
         fp32_s = _best_seconds(lambda: torch.mm(a, b), repeats)
-        ai = torch.randint(-128, 127, (gemm, gemm), dtype=torch.int8)
-        bi = torch.randint(-128, 127, (gemm, gemm), dtype=torch.int8)
-        try:
-            int8_s: float | None = _best_seconds(lambda: torch._int_mm(ai, bi), repeats)
-        except RuntimeError:  # no int8 GEMM kernel for this CPU in this torch build
-            int8_s = None
+        int8_s = _int8_gemm_seconds(a, repeats)
     finally:
         torch.set_num_threads(before)
     macs = gemm**3 / 1e9

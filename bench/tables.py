@@ -53,6 +53,29 @@ def pipeline(result: Mapping[str, Any]) -> str:
             f"{r['non_delegated_ops']} | "
             + (" / ".join(_cell(rss, n, ".0f") for n in STAGES) if rss else "-") + " |"
         )
+    rounds = result.get("latency_rounds") or {}
+    if rounds:
+        lines += ["", _latency_rounds(rounds)]
+    return "\n".join(lines)
+
+
+def _around(s: Mapping[str, float], fmt: str, unit: str = "") -> str:
+    return (f"**{s['median']:{fmt}}{unit}** [{s['min']:{fmt}}, {s['max']:{fmt}}]")
+
+
+def _latency_rounds(by_model: Mapping[str, Mapping[str, Any]]) -> str:
+    """Each model's programs and eager fp32 over the interleaved rounds (latency_rounds.py)."""
+    lines = ["| model | program | rounds | p50 ms, median [min, max] | vs eager fp32 | "
+             "vs the fp32 .pte |", "|---|---|---|---|---|---|"]
+    for model, r in by_model.items():
+        for name, p50 in r["p50_ms"].items():
+            vs_eager = r["vs"].get(f"{name} / eager fp32")
+            vs_fp32 = r["vs"].get(f"{name} / fp32 .pte")
+            lines.append(
+                f"| {model} | {name} | {r['rounds']} | {_around(p50, '.2f')} | "
+                + (f"{_around(vs_eager, '.2f', 'x')} | " if vs_eager else "- | ")
+                + (f"{_around(vs_fp32, '.2f', 'x')} |" if vs_fp32 else "- |")
+            )
     return "\n".join(lines)
 
 
