@@ -32,10 +32,11 @@ PEX_NAME = "pex-v2.1.137"
 TIMINGS: dict[str, float] = {}
 
 # Each command's first `./pants run` assembles its own PEX (torch, executorch, ...: minutes on 2
-# cores), so every push runs the commands whose child processes broke under a PEX (issue 24: the
-# pipeline's CLI, the sweep's local Ray, the bench's per-stage children); QNN_COMMANDS=all adds
-# the stages alone and qnn-sdk-setup, each another PEX (weekly and on request:
-# .github/workflows/commands.yml).
+# cores), so every push runs the two commands that share one PEX and whose child processes broke
+# under it (issue 24: the pipeline's CLI, the sweep's local Ray); QNN_COMMANDS=all adds the
+# stages alone, the benches and qnn-sdk-setup, each another PEX (weekly and on request:
+# .github/workflows/commands.yml). The bench's per-stage child, the third that broke, is also
+# checked on every push without a PEX (bench/stage_process_test.py: no PYTHONPATH, as in one).
 ALL = os.environ.get("QNN_COMMANDS", "default") == "all"
 every_command = pytest.mark.skipif(
     not ALL, reason="one more PEX to assemble: runs with QNN_COMMANDS=all (weekly in CI)"
@@ -126,6 +127,7 @@ def test_sweep_on_a_local_ray(repo: Path) -> None:
     assert [c["status"] for c in cells] == ["ok"], cells
 
 
+@every_command
 def test_bench(repo: Path) -> None:
     """Issue 24, point 2: the README's bench command; its --rss child could not import."""
     (repo / "out").mkdir(exist_ok=True)  # --json does not make its directory (alone: -k bench)
