@@ -172,7 +172,8 @@ def add_profile_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile", action="store_true", default=None,
                    help="write profile.md / profile.json beside the run: each op's time per "
                    "run and what runs outside the delegates, from the ETDump (written too) "
-                   "read by ExecuTorch's Inspector")
+                   "read by ExecuTorch's Inspector; a causal LM: a decode step and a prefill "
+                   "window, each method traced alone in a table of its own")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -59,12 +59,14 @@ class PteLm:
 
     def __init__(
         self, pte: Path, spec: LlmSpec, rope: tuple[torch.Tensor, torch.Tensor] | None = None,
-        sink: SinkTable | None = None,
+        sink: SinkTable | None = None, *, trace: bool = False,
     ) -> None:
         # The QNN runtime reports each method's load on fd 2, and the HTP emulator its start on
         # fd 1: held back, so that what streams next is the generated text alone.
         with native_noise_filtered(stdout=True):
-            program = host_runtime().load_program(str(pte))
+            # `trace`: every method run recorded as ETDump events (write_etdump).
+            program = host_runtime().load_program(str(pte), enable_etdump=trace)
+            self._program = program
             missing = {PREFILL, DECODE} - set(program.method_names)
             if missing:
                 raise ArtifactError(
@@ -83,6 +85,10 @@ class PteLm:
         except RuntimeError as err:
             raise StageError("infer", f"the {name} method failed: {err}", err) from err
         return outputs
+
+    def write_etdump(self, path: Path) -> None:
+        """The traced runs' ETDump (the PteLm made with `trace=True`) into `path`."""
+        self._program.write_etdump_result_to_file(str(path), str(path) + ".debug")
 
     def close(self) -> None:
         """Release the methods now, the runtime's goodbyes held back like its greetings: left

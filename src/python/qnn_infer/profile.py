@@ -6,7 +6,7 @@ performance engineer looks at: which kernels dominate, and what runs outside the
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -92,6 +92,27 @@ def read_profile(etdump: Path) -> Profile:
          for name, (delegated, times) in rows.items()),
         key=lambda op: -op.per_run_ms)
     return Profile(runs, execute_ms, sum(delegate) / runs, load, tuple(ops))
+
+
+def write_method_profiles(etdumps: Mapping[str, Path], out: Path, program: str
+                          ) -> dict[str, Profile]:
+    """A causal LM's profile.md and profile.json, one table per method: each ETDump in
+    `etdumps` traced that method alone (a decode step, a prefill window), so each table's
+    shares are of that method's time."""
+    profiles = {method: read_profile(path) for method, path in etdumps.items()}
+    atomic_write_text(out / PROFILE_JSON, json.dumps(
+        {method: p.to_json() for method, p in profiles.items()}, indent=2) + "\n")
+    atomic_write_text(out / PROFILE_MD, "\n".join(
+        markdown(p, f"{program}, method {method}") for method, p in profiles.items()))
+    return profiles
+
+
+def summary(profile: Profile) -> dict[str, Any]:
+    """What the infer manifest's metrics keep of a profile: the method's time, the time outside
+    any delegate, the three costliest ops."""
+    return {"execute_ms": round(profile.execute_ms, 4),
+            "outside_delegates_ms": round(profile.outside_delegates_ms, 4),
+            "top": [op.name for op in profile.ops[:3]]}
 
 
 def _mean(values: Sequence[float]) -> float:

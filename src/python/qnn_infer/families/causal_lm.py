@@ -12,6 +12,7 @@ program generates from the prompt, timed. `run` is infer for this family (`qnn_i
 from __future__ import annotations
 
 import logging
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ from qnn_common.causal_lm.tables import rope_of, sink_of
 from qnn_common.cli.noise import native_noise_filtered
 from qnn_common.config import InferConfig
 from qnn_common.errors import ArtifactError, ConfigValidationError
-from qnn_common.llm_spec import GenerationConfig, LlmSpec
+from qnn_common.llm_spec import DECODE, PREFILL, GenerationConfig, LlmSpec
 from qnn_common.manifest import Manifest
 from qnn_common.numerics.lm_metrics import compare_next_tokens, perplexity, perplexity_interval
 from qnn_common.numerics.metrics import logits_accuracy
@@ -49,6 +50,8 @@ from qnn_infer.families import single
 from qnn_infer.gate_check import judge_accuracy
 from qnn_infer.generate import Generation, PteLm, generate, prompt_rest_decode_up_to
 from qnn_infer.isolation import Rehearsal, Step, rehearse_unless_compiled_here
+from qnn_infer.profile import PROFILE_JSON, PROFILE_MD, Profile, write_method_profiles
+from qnn_infer.profile import summary as profile_summary
 from qnn_infer.program_check import check_program_matches
 from qnn_infer.pte import check_pte_header
 from qnn_infer.runtimes import delegates_in, prepare_runtime, set_cpu_threads
@@ -208,12 +211,12 @@ def run(
     if spec is None:
         return single.run(inp, upstream, pte, have)
     assert upstream is not None  # family_for picks this family from the artifact's record
-    if cfg.device is not None or cfg.inputs_file is not None or cfg.etdump:
+    if cfg.device is not None or cfg.inputs_file is not None or (cfg.etdump and not cfg.profile):
         raise ConfigValidationError(
             "infer", "causal-lm",
             "a causal-LM program runs on the host from its eval texts and a prompt; "
-            "drop --device / --inputs / --etdump / --profile (a per-op profile of a decode "
-            "step is not built yet)",
+            "drop --device / --inputs / --etdump (--profile traces a decode step and a prefill "
+            "window, each method in a table of its own)",
         )
     target, recipe = compiled_for(inp.source.path, upstream)
     check_program_matches(inp.source.path, upstream)
@@ -240,9 +243,11 @@ def run(
         generation = run_generation(lm, inp.source.path, spec, generation_cfg, target.backend)
     finally:
         lm.close()
+    profiles = (_profile_methods(pte, spec, rope, sink, out, cfg.runs) if cfg.profile else {})
     verdict = judge_accuracy(accuracy, cfg.gates_for(recipe, causal_lm=True), recipe)
     manifest = seal(
-        out, inp, [], {"run_s": check_s}, extra_tools=runtime.tools,
+        out, inp, [PROFILE_MD, PROFILE_JSON] if profiles else [], {"run_s": check_s},
+        extra_tools=runtime.tools,
         program=upstream.program,
         metrics=InferReport(
             model=upstream.metrics.get("model"),
@@ -254,9 +259,40 @@ def run(
             accuracy=accuracy,
             accuracy_gates=verdict,
             generation=generation.to_json(),
+            profile={m: profile_summary(p) for m, p in profiles.items()} or None,
         ).to_metrics(),
     )
     return Artifact(inp.out_dir, manifest)  # the verdict is in it: gate_check.gate_failure
+
+
+def _profile_methods(
+    pte: Path, spec: LlmSpec, rope: tuple[torch.Tensor, torch.Tensor] | None,
+    sink: SinkTable | None, out: Path, runs: int,
+) -> dict[str, Profile]:
+    """--profile: `runs` decode steps, then `runs` prefill windows, each method traced by a
+    runtime of its own (one ETDump per method, so a table's shares are of that method's time),
+    on pad tokens from position 0: what a step costs does not depend on the token."""
+    etdumps: dict[str, Path] = {}
+    with tempfile.TemporaryDirectory(prefix=".profile.", dir=out) as tmp:
+        for method in (DECODE, PREFILL):
+            traced = PteLm(pte, spec, rope, sink, trace=True)
+            try:
+                for i in range(min(runs, spec.context - spec.prefill_len)):
+                    if method == DECODE:
+                        traced.decode(torch.tensor([[spec.pad_token_id]]), torch.tensor([i]))
+                    else:
+                        traced.prefill(torch.full((1, spec.prefill_len), spec.pad_token_id),
+                                       torch.arange(spec.prefill_len))
+                etdumps[method] = Path(tmp) / method / "etdump"
+                etdumps[method].parent.mkdir()
+                traced.write_etdump(etdumps[method])
+            finally:
+                traced.close()
+        profiles = write_method_profiles(etdumps, out, pte.name)
+    for method, profile in profiles.items():
+        log.info("profile of %s: Method::execute %.3f ms per traced run (%s)", method,
+                 profile.execute_ms, out / PROFILE_MD)
+    return profiles
 
 
 # What the runtime does first with a program this process did not compile, rehearsed in a child

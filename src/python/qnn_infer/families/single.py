@@ -35,6 +35,7 @@ from qnn_infer.gate_check import judge_accuracy
 from qnn_infer.isolation import Rehearsal, Step, rehearse_unless_compiled_here
 from qnn_infer.measure import measure_latency
 from qnn_infer.profile import PROFILE_JSON, PROFILE_MD, write_profile
+from qnn_infer.profile import summary as profile_summary
 from qnn_infer.program_check import check_program_matches
 from qnn_infer.pte import check_pte_header
 from qnn_infer.runner import HostRunner, Runner
@@ -126,9 +127,7 @@ def run(
         if cfg.profile:
             profile = write_profile(etdump, out, Path(pte).name)
             profile_files = [PROFILE_MD, PROFILE_JSON]
-            profiled = {"execute_ms": round(profile.execute_ms, 4),
-                        "outside_delegates_ms": round(profile.outside_delegates_ms, 4),
-                        "top": [op.name for op in profile.ops[:3]]}
+            profiled = profile_summary(profile)
             log.info("profile: %s (Method::execute %.3f ms per traced run)",
                      out / PROFILE_MD, profile.execute_ms)
     save_samples(out / OUTPUTS, outputs)
