@@ -17,6 +17,7 @@ decode step also reads its KV cache, which `decode_cost` counts.
 
 from __future__ import annotations
 
+import re
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -28,7 +29,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from qnn_common.recipes import Recipe
-from qnn_common.weight_groups import DEFAULT_GROUP_SIZE
+from qnn_common.weight_groups import DEFAULT_GROUP_SIZE, DEFAULT_INT8_WEIGHTS
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -117,8 +118,12 @@ def _weight_bits(recipe: Recipe) -> int:
     return 16 if recipe is Recipe.FP16 else 32
 
 
-def _matmul_weight_bytes(weight: torch.Tensor, recipe: Recipe, group_size: int) -> int:
-    """A linear's or convolution's weight as the recipe stores it, with its scales."""
+def _matmul_weight_bytes(weight: torch.Tensor, recipe: Recipe, group_size: int,
+                         int8: bool = False) -> int:
+    """A linear's or convolution's weight as the recipe stores it, with its scales; `int8`: one
+    the recipe keeps at 8 bits per channel (`int8_weights`)."""
+    if int8:
+        return weight.numel() + weight.shape[0] * _CHANNEL_SCALE_BYTES
     bits = _weight_bits(recipe)
     data = weight.numel() * bits // 8
     if recipe.traits.weight_bits is None:
@@ -129,10 +134,14 @@ def _matmul_weight_bytes(weight: torch.Tensor, recipe: Recipe, group_size: int) 
 
 
 def weights_read(module: nn.Module, recipe: Recipe, rows_looked_up: dict[str, int],
-                 group_size: int = DEFAULT_GROUP_SIZE) -> int:
+                 group_size: int = DEFAULT_GROUP_SIZE,
+                 int8_weights: Sequence[str] = DEFAULT_INT8_WEIGHTS) -> int:
     """Bytes of weights one inference reads: every linear and convolution weight at the recipe's
-    width (with its scales), their biases and other parameters in fp32, and of each embedding
-    table only the rows looked up (`rows_looked_up`, by module name)."""
+    width (with its scales; a grouped 4-bit recipe keeps the linears `int8_weights` names at 8
+    bits, as the quantize stage does by default: a causal LM's head), their biases and other
+    parameters in fp32, and of each embedding table only the rows looked up (`rows_looked_up`,
+    by module name)."""
+    grouped = recipe.traits.weight_groups is not None
     total = 0
     for name, sub in module.named_modules():
         own = dict(sub.named_parameters(recurse=False))
@@ -142,7 +151,8 @@ def weights_read(module: nn.Module, recipe: Recipe, rows_looked_up: dict[str, in
             continue
         weight = own.pop("weight", None)
         if isinstance(sub, nn.Linear | nn.Conv1d | nn.Conv2d | nn.Conv3d) and weight is not None:
-            total += _matmul_weight_bytes(weight, recipe, group_size)
+            int8 = grouped and any(re.search(p, name) for p in int8_weights)
+            total += _matmul_weight_bytes(weight, recipe, group_size, int8)
         elif weight is not None:
             own["weight"] = weight
         total += sum(p.numel() * 4 for p in own.values())

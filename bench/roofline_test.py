@@ -65,6 +65,13 @@ def test_a_decode_step_reads_every_linear_one_row_and_its_cache() -> None:
     norms = sum(p.numel() for n, p in model.named_parameters() if "norm" in n)
     assert cost.macs == linear_weights + 2 * 2 * 4 * head_dim * 16
     assert cost.bytes_read == 4 * (linear_weights + 64 + norms) + kv
+    # 8da4w: 4-bit groups of 32 with a bf16 scale each, but the head at 8 bits per channel, as
+    # the quantize stage keeps it (int8_weights' default).
+    head = model.lm_head.weight.numel()
+    rest = linear_weights - head
+    a8dw4 = decode_cost(model, Recipe.A8DW4, context=16, group_size=32)
+    assert a8dw4.bytes_read == (rest // 2 + rest // 32 * 2 + head + 100 * 4
+                                + 4 * (64 + norms) + kv)
 
 
 def test_the_bound_is_the_slower_of_memory_and_compute() -> None:
