@@ -35,7 +35,7 @@ def test_each_row_has_the_header_s_columns(source: Path) -> None:
     result = json.loads(source.read_text())
     # A rendering is one table a row each, or that and more tables after blank lines (the
     # pipeline bench's latency rounds); each table's lines have its header's columns.
-    first, *more = [t.splitlines() for t in render(result).split("\n\n")]
+    first, *more = (t.splitlines() for t in render(result).split("\n\n"))
     assert len(first) == 2 + len(result["rows"])
     for lines in (first, *more):
         assert len(lines) >= 3 and set(lines[1]) <= {"|", "-", ":"}, lines
