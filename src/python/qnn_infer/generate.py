@@ -65,8 +65,9 @@ class PteLm:
         # fd 1: held back, so that what streams next is the generated text alone.
         with native_noise_filtered(stdout=True):
             # `trace`: every method run recorded as ETDump events (write_etdump).
-            program = host_runtime().load_program(str(pte), enable_etdump=trace)
-            self._program = program
+            program = (host_runtime().load_program(str(pte), enable_etdump=True) if trace
+                       else host_runtime().load_program(str(pte)))
+            self._program: Any = program
             missing = {PREFILL, DECODE} - set(program.method_names)
             if missing:
                 raise ArtifactError(
@@ -96,6 +97,7 @@ class PteLm:
         report."""
         with native_noise_filtered():
             self._methods.clear()
+            self._program = None  # the program holds the backend's context: released here too
 
 
 def prompt_rest_decode_up_to(cfg: GenerationConfig, backend: Backend) -> int:
