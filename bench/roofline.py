@@ -80,6 +80,9 @@ def _int8_gemm_seconds(x: torch.Tensor, repeats: int) -> float | None:
             # Untyped in torch's stubs.
             linear = cast(Any, torch.ao.nn.quantized.dynamic).Linear(n, n, bias_=False)
             return _best_seconds(lambda: linear(x), repeats)
+    # AttributeError: a torch without the deprecated quantized modules; RuntimeError /
+    # NotImplementedError: no quantized engine or kernel for this CPU. The row then takes
+    # the fp32 peak, which `roofline` says in its `peak` field.
     except (RuntimeError, AttributeError, NotImplementedError):
         return None
 
