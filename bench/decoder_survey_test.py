@@ -9,6 +9,8 @@ import torch
 from decoder_survey import ARCHITECTURES, survey_one, write_checkpoint
 from tables import render, survey_count
 
+from support.schedule import scheduled
+
 
 def test_every_architecture_is_a_config_transformers_builds(tmp_path: Path) -> None:
     from transformers import AutoConfig
@@ -17,11 +19,20 @@ def test_every_architecture_is_a_config_transformers_builds(tmp_path: Path) -> N
         assert AutoConfig.for_model(model_type).model_type == model_type
 
 
-def test_one_architecture_through_the_default_pipeline_and_its_row(tmp_path: Path) -> None:
+@scheduled("a decoder through the whole default pipeline; tests/llm/default_attention_test.py "
+           "runs decoders with every setting at its default on every push")
+def test_one_architecture_through_the_default_pipeline(tmp_path: Path) -> None:
     row = survey_one("qwen2", tmp_path, {"backend": "xnnpack"})
     assert row["status"] == "generates", row
     assert row["custom_ops"] is True  # plain causal attention: ExecuTorch's custom ops
     assert row["new_tokens"] == 8 and 0 <= row["kl_mean"] < 0.25
+    assert render({"bench": "decoder_survey", "settings": {"backend": "xnnpack"},
+                   "rows": [row]}).splitlines()[2].startswith("| qwen2 | yes | generates | ")
+
+
+def test_rows_render_to_the_table_and_its_count() -> None:
+    row = {"architecture": "qwen2", "status": "generates", "custom_ops": True, "new_tokens": 8,
+           "kl_mean": 0.012, "same_top_percent": 96.9, "seconds": 12.5, "reason": ""}
     refused = {"architecture": "x", "status": "refused", "reason": "a | b", "custom_ops": None}
     result = {"bench": "decoder_survey", "settings": {"backend": "xnnpack"},
               "rows": [row, refused]}

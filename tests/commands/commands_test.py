@@ -32,11 +32,12 @@ PEX_NAME = "pex-v2.1.137"
 TIMINGS: dict[str, float] = {}
 
 # Each command's first `./pants run` assembles its own PEX (torch, executorch, ...: minutes on 2
-# cores), so every push runs the two commands that share one PEX and whose child processes broke
-# under it (issue 24: the pipeline's CLI, the sweep's local Ray); QNN_COMMANDS=all adds the
-# stages alone, the benches and qnn-sdk-setup, each another PEX (weekly and on request:
-# .github/workflows/commands.yml). The bench's per-stage child, the third that broke, is also
-# checked on every push without a PEX (bench/stage_process_test.py: no PYTHONPATH, as in one).
+# cores), so every push runs only the pipeline's CLI; QNN_COMMANDS=all adds the sweep on a local
+# Ray (the same PEX, but a minute more of CI: its agents as children of the PEX broke in issue 24,
+# and tests/sweep/sweep_ray_test.py runs a local Ray on every push), the stages alone, the benches
+# and qnn-sdk-setup, each another PEX (weekly and on request: .github/workflows/commands.yml).
+# The bench's per-stage child, the third that broke, is also checked on every push without a PEX
+# (bench/stage_process_test.py: no PYTHONPATH, as in one).
 ALL = os.environ.get("QNN_COMMANDS", "default") == "all"
 every_command = pytest.mark.skipif(
     not ALL, reason="one more PEX to assemble: runs with QNN_COMMANDS=all (weekly in CI)"
@@ -118,6 +119,7 @@ def test_pipeline(repo: Path) -> None:
     assert summary["accuracy"]["ok"] is True, summary
 
 
+@every_command
 def test_sweep_on_a_local_ray(repo: Path) -> None:
     """Issue 24, point 1: the local Ray's agents could not start as children of the PEX."""
     _pants_run(repo, "sweep", "src/python/qnn_pipeline:cli", "sweep", "--model", "tiny-cnn",

@@ -77,7 +77,7 @@ def test_a_causal_lm_gets_a_table_per_method(tmp_path: Path) -> None:
                    for op in profile["ops"]), method
         assert 0 < sum(op["share"] for op in profile["ops"]) <= 1.0001
         assert manifest.metrics["profile"][method]["top"][0] == profile["ops"][0]["name"]
-    # A prefill window does prefill_len tokens' work, a decode step one token's.
-    assert profiles["prefill"]["execute_ms"] > profiles["decode"]["execute_ms"]
+    # The two methods' times are not compared: on a tiny model a prefill window is not reliably
+    # slower than a decode step on a loaded machine, and timings are the bench's to measure.
     table = (infer / PROFILE_MD).read_text()
     assert "method decode" in table and "method prefill" in table

@@ -1,12 +1,11 @@
 """A decoder lowered for XNNPACK with our partitioning (qnn_compile.partition_merge and
-qnn_compile.partition_recompile) and with ExecuTorch's own: the same .pte bytes. Likewise with
-and without skipping XNNPACK's passes that cannot change a partition (qnn_compile.xnnpack_passes),
-on the decoder and on a convolutional model that every one of those passes has work in."""
+qnn_compile.partition_recompile) and skipping XNNPACK's passes that cannot change a partition
+(qnn_compile.xnnpack_passes), and with ExecuTorch's own: the same .pte bytes; the passes skipped
+or not on a convolutional model that every one of those passes has work in: the same bytes."""
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
 
 import pytest
 import torch
@@ -33,15 +32,46 @@ def _quantized_decoder() -> dict[str, torch.export.ExportedProgram]:
     return quantized
 
 
-def test_fast_partitioning_lowers_a_decoder_to_the_same_pte() -> None:
-    # The decode method alone: the same partitioning as prefill's, at half the cost (the stock
-    # path is slow by design; bench/compile_bench.py compares whole models).
+def _counting(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
+    """Count, per XNNPACK pass, the partitions each was found to have work in (and so ran on)."""
+    ran: Counter[str] = Counter()
+    applies = dict(xnnpack_passes.PASS_APPLIES)
+
+    def counted(name: str) -> object:
+        def check(present: frozenset[object]) -> bool:
+            hit = applies[name](present)
+            ran[name] += hit
+            return hit
+
+        return check
+
+    monkeypatch.setattr(xnnpack_passes, "PASS_APPLIES", {n: counted(n) for n in applies})
+    return ran
+
+
+# The passes that have work in convolutional models only.
+CONVOLUTIONAL = {"FuseBatchNormPass", "DecomposeBatchNorm", "FuseActivationPass",
+                 "DecomposeConcatenate", "InsertPadQDQPass", "Conv1dUnsqueezePass",
+                 "ConvertToUpsampleBilinear2d"}
+
+
+def test_fast_partitioning_and_skipped_passes_lower_a_decoder_to_the_same_pte(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Ours (partitions merged and recompiled, idle passes skipped) against ExecuTorch's own
+    (neither): one comparison for both, the stock lowering being the slow part. The decode
+    method alone: the same partitioning as prefill's, at half the cost (bench/compile_bench.py
+    compares whole models)."""
     programs = {"decode": _quantized_decoder()["decode"]}
     lowering = lowering_for(CompileConfig(backend=Backend.XNNPACK, recipe=Recipe.A8W8))
-    stock = lower_program(programs, lowering, fast_partitioning=False)
+    ran = _counting(monkeypatch)
     ours = lower_program(programs, lowering)
+    monkeypatch.setattr(xnnpack_passes, "PASS_APPLIES", {})  # every pass runs, as upstream's
+    stock = lower_program(programs, lowering, fast_partitioning=False)
     assert stock.partitions > 2  # the merge had work to do
-    assert ours.pte == stock.pte
+    assert ours.pte == stock.pte and ours.partitions == stock.partitions
+    # A decoder's partitions: nothing for the convolutional passes but RoPE's concatenations.
+    assert not any(ran[name] for name in CONVOLUTIONAL - {"DecomposeConcatenate"}), ran
 
 
 class _EveryPass(nn.Module):
@@ -76,41 +106,16 @@ def _every_pass() -> dict[str, torch.export.ExportedProgram]:
     return {"forward": torch.export.export(model, (torch.randn(1, 3, 8, 8),))}
 
 
-@pytest.mark.parametrize(
-    "programs, recipe",
-    [(lambda: {"decode": _quantized_decoder()["decode"]}, Recipe.A8W8),
-     (_every_pass, Recipe.FP32)],
-    ids=["decoder-8a8w", "conv-fp32"],
-)
-def test_skipping_idle_xnnpack_passes_gives_the_same_pte(
-    programs: Callable[[], dict[str, torch.export.ExportedProgram]], recipe: Recipe,
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    exported = programs()
-    lowering = lowering_for(CompileConfig(backend=Backend.XNNPACK, recipe=recipe))
-    ran: Counter[str] = Counter()
-    applies = dict(xnnpack_passes.PASS_APPLIES)
-
-    def counted(name: str) -> object:
-        def check(present: frozenset[object]) -> bool:
-            hit = applies[name](present)
-            ran[name] += hit
-            return hit
-
-        return check
-
-    monkeypatch.setattr(xnnpack_passes, "PASS_APPLIES", {n: counted(n) for n in applies})
+def test_skipping_idle_xnnpack_passes_gives_the_same_pte(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A convolutional model every one of those passes has work in (the decoder: above)."""
+    exported = _every_pass()
+    lowering = lowering_for(CompileConfig(backend=Backend.XNNPACK, recipe=Recipe.FP32))
+    ran = _counting(monkeypatch)
     ours = lower_program(exported, lowering)
     monkeypatch.setattr(xnnpack_passes, "PASS_APPLIES", {})  # every pass runs, as upstream's
     stock = lower_program(exported, lowering)
     assert ours.pte == stock.pte and ours.partitions == stock.partitions
-    convolutional = {"FuseBatchNormPass", "DecomposeBatchNorm", "FuseActivationPass",
-                     "DecomposeConcatenate", "InsertPadQDQPass", "Conv1dUnsqueezePass",
-                     "ConvertToUpsampleBilinear2d"}
-    if recipe is Recipe.FP32:  # each of those had something to change
-        assert {name for name, hits in ran.items() if hits} >= convolutional, ran
-    else:  # a decoder's partitions: nothing for them but RoPE's concatenations
-        assert not any(ran[name] for name in convolutional - {"DecomposeConcatenate"}), ran
+    assert {name for name, hits in ran.items() if hits} >= CONVOLUTIONAL, ran
 
 
 def test_a_pass_applies_where_its_ops_or_a_whole_pattern_are() -> None:

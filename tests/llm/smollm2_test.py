@@ -29,6 +29,7 @@ from qnn_testing.xnnpack_graph import (
     cpu_operators,
     node_census,
 )
+from support.schedule import scheduled
 
 LAYERS = 2
 HIDDEN, INTERMEDIATE, HEADS, KV_HEADS, VOCAB = 576, 1536, 9, 3, 49_152
@@ -144,6 +145,8 @@ def test_kv_io_export_opens_on_the_attention_sink(
     assert sink_of(off, off_manifest) is None
 
 
+@scheduled("the real weights through the whole pipeline; tests/llm/recipe_8da4w_test.py "
+           "runs the recipe's path on a tiny decoder on every push")
 def test_slice_through_xnnpack_8da4w(sliced: Path, tmp_path: Path) -> None:
     """The real weights through the 8da4w recipe: every decoder linear of the slice (7 per
     layer, fused into 4: q+k+v, o, gate+up, down) is a qd8 x qb4w XNNPACK node, the 49,152 x

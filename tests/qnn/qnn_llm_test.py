@@ -36,6 +36,7 @@ from qnn_prepare.causal_lm.smollm2 import save_smollm2
 from qnn_quant.api import run_quantize
 from qnn_quant.fused_qdq import reference_module
 from qnn_quant.method_modules import module_runner
+from support.schedule import scheduled
 
 SHAPES = {"max_seq_len": 64, "prefill_len": 16}
 
@@ -239,6 +240,8 @@ def _fake_quant_generation(
     return generate(*steps, ids, cfg, spec, str, decode_up_to=decode_up_to).tokens
 
 
+@scheduled("the real SmolLM2 weights through the emulator, about two minutes; "
+           "test_tiny_llama_16a4w_generates_on_the_htp_and_matches_fake_quant covers the path")
 def test_smollm2_slice_16a8w_generates_on_the_htp_what_the_fake_quant_model_does(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:

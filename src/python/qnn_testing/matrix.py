@@ -6,13 +6,14 @@ in qnn_common's SoC table. Precisions are the suite's seven recipes, restricted 
 target can run by qnn_common's recipe rules (XNNPACK: fp32 and 8a8w; fp16 and LPBQ from V69,
 16a16w from V73).
 
-Modes (environment variable `QNN_OP_SUITE`): ``default`` runs the whole catalogue, one program
-per case at a precision dealt round-robin (every precision exercised; a cell costs CI seconds),
-on xnnpack, portable and V75 (`DEFAULT_ARCH`), plus a subset at every precision: on xnnpack the
-`smoke` subset (fp32 and int8 are different XNNPACK kernels; each case meets both weekly, in
-``full``), on V75 the `qnn` subset; portable has none (the reference kernels: a case's fp32 and
-8a8w programs call mostly the same ones). Every other HTP arch runs the `smoke` subset,
-precisions dealt the same way. ``full`` runs every cell.
+Modes (environment variable `QNN_OP_SUITE`): ``default`` runs the whole catalogue once, each case
+on one of xnnpack, V75 (`DEFAULT_ARCH`) and portable (`CATALOGUE_BACKENDS`, dealt in turn by the
+case's place in the catalogue), as one program at a precision dealt round-robin (every precision
+exercised; a cell costs CI seconds), plus a subset at every precision: on xnnpack the `smoke`
+subset (fp32 and int8 are different XNNPACK kernels), on V75 the `qnn` subset; portable has none
+(the reference kernels: a case's fp32 and 8a8w programs call mostly the same ones). Every other
+HTP arch runs the `smoke` subset, precisions dealt the same way. ``full`` runs every cell: each
+case on every target at every precision (weekly in CI: .github/workflows/op-matrix.yml).
 
 V75's catalogue deal skips 16a4w_block for a case without a linear layer: LPBQ blocks linear
 weights only, so that cell could only show the refusal and the case would never reach the HTP.
@@ -50,9 +51,14 @@ PRECISIONS: tuple[Recipe, ...] = (
     Recipe.A16W4_BLOCK,
 )
 
-# The HTP arch whose target runs the whole catalogue by default (and the `qnn` subset at every
+# The HTP arch whose target shares the catalogue by default (and runs the `qnn` subset at every
 # precision).
 DEFAULT_ARCH = HtpArch.V75
+
+# The backends that share the catalogue in the default mode: case i runs on the (i mod 3)-th.
+# Each case once per commit, on every backend weekly: the whole catalogue on each of the three
+# was two thirds of the op suite's CI time (every case on every backend is `full`).
+CATALOGUE_BACKENDS: tuple[Backend, ...] = (Backend.XNNPACK, Backend.QNN, Backend.PORTABLE)
 
 
 class Mode(enum.StrEnum):
@@ -209,13 +215,19 @@ def _dealt(
         turn += 1
 
 
+def dealt_to(target: OpTarget, cases: Sequence[Selectable]) -> list[Selectable]:
+    """The catalogue's cases the default mode deals to `target` (see `CATALOGUE_BACKENDS`)."""
+    share = CATALOGUE_BACKENDS.index(target.backend)
+    return [c for i, c in enumerate(cases) if i % len(CATALOGUE_BACKENDS) == share]
+
+
 def _every_precision_then_dealt(
     target: OpTarget, cases: Sequence[Selectable], subset: Callable[[Selectable], bool],
     *, lpbq_needs_linear: bool,
 ) -> Iterator[Cell]:
     for case in (c for c in cases if subset(c)):
         yield from (Cell(case.name, target, p) for p in target.precisions)
-    rest = [c for c in cases if not subset(c)]
+    rest = [c for c in dealt_to(target, cases) if not subset(c)]
     yield from _dealt(target, rest, lpbq_needs_linear=lpbq_needs_linear)
 
 
@@ -224,7 +236,7 @@ def _xnnpack_fast(target: OpTarget, cases: Sequence[Selectable]) -> Iterator[Cel
 
 
 def _portable_fast(target: OpTarget, cases: Sequence[Selectable]) -> Iterator[Cell]:
-    return _dealt(target, cases, lpbq_needs_linear=False)
+    return _dealt(target, dealt_to(target, cases), lpbq_needs_linear=False)
 
 
 def _qnn_fast(target: OpTarget, cases: Sequence[Selectable]) -> Iterator[Cell]:

@@ -19,6 +19,7 @@ from qnn_testing.matrix import (
     Mode,
     Shard,
     cells,
+    dealt_to,
     mode_from_env,
     shard_from_env,
     soc_for_arch,
@@ -79,23 +80,32 @@ def test_a_zero_valued_recipe_enum_is_not_read_as_no_recipe() -> None:
     assert outcome == Measure(())
 
 
-def test_default_mode_runs_the_catalogue_on_every_target_and_subsets_on_other_archs() -> None:
+def test_default_mode_deals_the_catalogue_across_backends_and_subsets_on_other_archs() -> None:
     default = list(cells(CATALOGUE, TARGETS, Mode.DEFAULT))
     per_target: dict[str, list[tuple[str, Recipe]]] = {}
     for cell in default:
         per_target.setdefault(cell.target.name, []).append((cell.case, cell.precision))
-    # XNNPACK: the smoke subset at fp32 and 8a8w, every other case once, the two dealt in turn.
+    v75_target = TARGETS_BY_NAME[f"qnn-{DEFAULT_ARCH.name.lower()}"]
+    catalogue_targets = [TARGETS_BY_NAME["xnnpack"], v75_target, TARGETS_BY_NAME["portable"]]
+    # Every case of the catalogue runs, each dealt to one of the three in turn: about a third each.
+    shares = {t.name: {c.name for c in dealt_to(t, CATALOGUE)} for t in catalogue_targets}
+    assert sorted(n for names in shares.values() for n in names) == sorted(
+        c.name for c in CATALOGUE)
+    assert all(len(names) >= len(CATALOGUE) // 3 for names in shares.values()), shares
+    assert {c.case for c in default} == {c.name for c in CATALOGUE}
+    # XNNPACK: the smoke subset at fp32 and 8a8w, every other case dealt to it once, the two
+    # precisions dealt in turn.
     xnnpack = per_target["xnnpack"]
     smoke_names = {c.name for c in CATALOGUE if c.smoke}
-    assert sorted({case for case, _ in xnnpack}) == sorted(c.name for c in CATALOGUE)
-    assert len(xnnpack) == len(CATALOGUE) + len(smoke_names)
+    assert {case for case, _ in xnnpack} == smoke_names | shares["xnnpack"]
+    assert len(xnnpack) == len(shares["xnnpack"] - smoke_names) + 2 * len(smoke_names)
     for name in smoke_names:
         assert {p for case, p in xnnpack if case == name} == {Recipe.FP32, Recipe.A8W8}
     xnnpack_dealt = [p for case, p in xnnpack if case not in smoke_names]
     assert abs(xnnpack_dealt.count(Recipe.FP32) - xnnpack_dealt.count(Recipe.A8W8)) <= 1
-    # Portable: every case once, fp32 and 8a8w dealt in turn.
+    # Portable: each case dealt to it once, fp32 and 8a8w dealt in turn.
     portable = per_target["portable"]
-    assert sorted(case for case, _ in portable) == sorted(c.name for c in CATALOGUE)
+    assert sorted(case for case, _ in portable) == sorted(shares["portable"])
     counts = [sum(1 for _, p in portable if p is q) for q in (Recipe.FP32, Recipe.A8W8)]
     assert abs(counts[0] - counts[1]) <= 1
     for target in TARGETS:
@@ -105,15 +115,14 @@ def test_default_mode_runs_the_catalogue_on_every_target_and_subsets_on_other_ar
         assert len({case for case, _ in run}) >= 15, target
         assert {p for _, p in run} == set(target.precisions), target  # every precision
         assert len(run) == len(set(run))  # no cell twice
-    v75_target = TARGETS_BY_NAME[f"qnn-{DEFAULT_ARCH.name.lower()}"]
     v75 = per_target[v75_target.name]
     qnn_cases = [c for c in CATALOGUE if c.qnn]
     assert len(qnn_cases) >= 10
     for case in qnn_cases:
         assert {p for name, p in v75 if name == case.name} == set(v75_target.precisions)
-    # Every other case exactly once on V75, the precisions dealt round-robin, LPBQ only to cases
-    # with a linear layer (a case without one would only show the refusal).
-    others = [c for c in CATALOGUE if not c.qnn]
+    # Every other case dealt to V75 exactly once, the precisions dealt round-robin, LPBQ only to
+    # cases with a linear layer (a case without one would only show the refusal).
+    others = [c for c in CATALOGUE if not c.qnn and c.name in shares[v75_target.name]]
     dealt = {name: p for name, p in v75 if name not in {c.name for c in qnn_cases}}
     assert len(v75) == len(qnn_cases) * len(v75_target.precisions) + len(others)
     assert set(dealt) == {c.name for c in others}
