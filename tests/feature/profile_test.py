@@ -1,7 +1,7 @@
 """`--profile` (issue 54): a tiny model's runs read from their ETDump by ExecuTorch's Inspector
 into a per-op table beside the run, sealed with it, on a delegate (XNNPACK) and without one
-(portable: every op outside a delegate); a causal LM's decode step and prefill window, each
-method traced alone, in a table of its own."""
+(portable: every op outside a delegate). A causal LM's table per method: tests/llm/llm_test.py
+(its fp32 pipeline run is profiled)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ from typing import Any
 from qnn_common.sealing import load_manifest
 from qnn_infer import cli as infer_cli
 from qnn_infer.profile import PROFILE_JSON, PROFILE_MD
-from qnn_pipeline import cli as pipeline_cli
 from support.pipeline_runs import child_env, pipeline_command
 
 
@@ -57,27 +56,3 @@ def test_profile_is_refused_for_a_device_run() -> None:
                          timeout=120)
     assert run.returncode == 2
     assert "infer.profile" in run.stderr and "drop --etdump / --profile, or --device" in run.stderr
-
-
-def test_a_causal_lm_gets_a_table_per_method(tmp_path: Path) -> None:
-    """tiny-llama at 8a8w on XNNPACK: decode and prefill traced apart, each its own table."""
-    run = subprocess.run(
-        [sys.executable, "-m", pipeline_cli.__name__, "--model", "tiny-llama", "--prompt", "Hi",
-         "--max-new-tokens", "4", "--profile", "--runs", "6", "--out", str(tmp_path)],
-        env=child_env(), capture_output=True, text=True, timeout=900)
-    assert run.returncode == 0, run.stderr[-2000:]
-    (infer,) = tmp_path.glob("infer-*")
-    manifest = load_manifest(infer)
-    assert {PROFILE_MD, PROFILE_JSON} <= {f.path for f in manifest.files}
-    profiles = json.loads((infer / PROFILE_JSON).read_text())
-    assert set(profiles) == {"decode", "prefill"}
-    for method, profile in profiles.items():
-        assert profile["runs"] == 6, method  # exactly the steps traced: nothing else mixed in
-        assert any(op["delegated"] and "Fully Connected" in op["name"]
-                   for op in profile["ops"]), method
-        assert 0 < sum(op["share"] for op in profile["ops"]) <= 1.0001
-        assert manifest.metrics["profile"][method]["top"][0] == profile["ops"][0]["name"]
-    # The two methods' times are not compared: on a tiny model a prefill window is not reliably
-    # slower than a decode step on a loaded machine, and timings are the bench's to measure.
-    table = (infer / PROFILE_MD).read_text()
-    assert "method decode" in table and "method prefill" in table

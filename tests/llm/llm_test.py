@@ -8,6 +8,7 @@ the ExecuTorch runtime; references are the eager Hugging Face models.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from qnn_common.sealing import load_manifest
 from qnn_common.stages import PrepareInput, llm_spec_of
 from qnn_infer.families.causal_lm import load_tokenizer, prompt_ids, run_generation
 from qnn_infer.generate import PteLm, generate
+from qnn_infer.profile import PROFILE_JSON, PROFILE_MD
 from qnn_pipeline.context import PipelineContext
 from qnn_pipeline.orchestrator import run_pipeline
 from qnn_pipeline.summary import format_summary
@@ -37,14 +39,17 @@ from qnn_quant.method_modules import module_runner
 PROMPT = "Once upon a time"
 SHAPES = {"max_seq_len": 48, "prefill_len": 8}
 SEED = 1126
+PROFILED_RUNS = 6
 
 
-def _pipeline(out: Path, recipe: str, **generation: Any) -> dict[str, Any]:
+def _pipeline(out: Path, recipe: str, infer: dict[str, Any] | None = None,
+              **generation: Any) -> dict[str, Any]:
     ctx = PipelineContext.create(
         "tiny-llama", recipe=recipe, out_dir=out,
         prepare={"kv_cache": True, "calibration_samples": 4, "eval_samples": 2, **SHAPES,
                  "seed": SEED},
-        infer={"generation": {"prompt": PROMPT, "max_new_tokens": 12, **generation}},
+        infer={"generation": {"prompt": PROMPT, "max_new_tokens": 12, **generation},
+               **(infer or {})},
     )
     return run_pipeline(ctx).checked().summary
 
@@ -56,7 +61,10 @@ def _artifact(summary: dict[str, Any], stage: Stage) -> Path:
 
 @pytest.fixture(scope="module")
 def fp32(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    return _pipeline(tmp_path_factory.mktemp("fp32"), "fp32")
+    # Profiled too (test_each_method_gets_a_profile_table_of_its_own): the traced runtimes run
+    # after generation, on their own.
+    return _pipeline(tmp_path_factory.mktemp("fp32"), "fp32",
+                     infer={"profile": True, "runs": PROFILED_RUNS})
 
 
 @pytest.fixture(scope="module")
@@ -121,6 +129,26 @@ def test_fp32_greedy_generation_equals_eager_hf_token_for_token(
     # Token by token the fp32 program is eager's: no KL to speak of, the same top everywhere.
     program = generation["next_token"]["program"]
     assert program["kl_divergence"]["max"] < 1e-6 and program["same_top_percent"] == 100.0
+
+
+def test_each_method_gets_a_profile_table_of_its_own(fp32: dict[str, Any]) -> None:
+    """`--profile` (issue 54) on a causal LM: the decode step and the prefill window each traced
+    by a runtime of its own, so each table's shares are of that method's time."""
+    infer = _artifact(fp32, Stage.INFER)
+    manifest = load_manifest(infer)
+    assert {PROFILE_MD, PROFILE_JSON} <= {f.path for f in manifest.files}
+    profiles = json.loads((infer / PROFILE_JSON).read_text())
+    assert set(profiles) == {"decode", "prefill"}
+    for method, profile in profiles.items():
+        assert profile["runs"] == PROFILED_RUNS, method  # exactly the steps traced, no others
+        assert any(op["delegated"] and "Fully Connected" in op["name"]
+                   for op in profile["ops"]), method
+        assert 0 < sum(op["share"] for op in profile["ops"]) <= 1.0001
+        assert manifest.metrics["profile"][method]["top"][0] == profile["ops"][0]["name"]
+    # The two methods' times are not compared: on a tiny model a prefill window is not reliably
+    # slower than a decode step on a loaded machine, and timings are the bench's to measure.
+    table = (infer / PROFILE_MD).read_text()
+    assert "method decode" in table and "method prefill" in table
 
 
 def test_decode_with_the_cache_equals_a_full_recompute(fp32: dict[str, Any], eager: Any) -> None:

@@ -28,6 +28,7 @@ from qnn_pipeline.tune.run import TuneRequest, tune
 from qnn_pipeline.tune.search import Budget, Search
 from support.pipeline_runs import child_env
 from support.quantized_weights import weight_grids
+from support.schedule import scheduled
 from support.tiny_llama import SENSITIVE_LAYER, save_sensitive_llama
 
 SENSITIVE = f"hf.model.{SENSITIVE_LAYER}"
@@ -48,6 +49,8 @@ def _sections(model: Path, backend: str, recipe: str, soc: str | None = None) ->
                          **({} if soc is None else {"soc": soc})}}
 
 
+@scheduled("a search on the HTP's recipes, a minute; the CPU search below runs the same "
+           "search on every push")
 def test_the_one_layer_made_sensitive_is_promoted_and_no_other(
     sensitive: Path, tmp_path: Path,
 ) -> None:
@@ -156,6 +159,16 @@ def test_a_killed_search_resumes_from_what_it_had(
     assert found.plan.rich is Recipe.FP32  # nothing richer mixes into XNNPACK's 8a8w
     assert [g.group.name for g in found.plan.order][:1] == [SENSITIVE_LAYER]
     assert found.winner.score.kl <= CPU_BUDGET < found.verified[0].score.kl
+    # The report: the front as JSON, a table and a plot, and the winner as a TOML recipe.
+    report = out / "tune"
+    front = json.loads((report / "front.json").read_text())
+    winner = front["winner"]
+    assert winner in front["front"] and f"| {winner} |" in (report / "front.md").read_text()
+    assert (report / "front.svg").read_text().startswith("<svg")
+    rebuilt = load_pipeline_toml(report / "recipe.toml")
+    assert rebuilt.quantize is not None
+    assert rebuilt.quantize.layer_recipes == found.winner.table
+    assert rebuilt.recipe is Recipe.A8W8
 
 
 def test_the_winners_toml_rebuilds_its_program_byte_for_byte(

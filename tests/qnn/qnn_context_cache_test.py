@@ -73,12 +73,12 @@ def prepared(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return _prepared(_decoder(root / "model"), root / "run")
 
 
-def test_a_compile_killed_after_its_first_context_resumes_there(
-    prepared: Path, tmp_path: Path
-) -> None:
-    """kill -9 once the first context is built: the rerun reuses what was stored and builds the
-    rest, and its program computes what a compile never interrupted does."""
-    cache, out = tmp_path / "contexts", tmp_path / "compiled"
+@pytest.fixture(scope="module")
+def resumed(prepared: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, int]:
+    """A compile killed (kill -9) once its first context is built, then run again: (its context
+    cache, its output, the contexts the killed run had stored)."""
+    root = tmp_path_factory.mktemp("resumed")
+    cache, out = root / "contexts", root / "compiled"
     child = subprocess.Popen(
         [sys.executable, "-m", compile_cli.__name__, str(prepared), "-o", str(out),
          "--backend", "qnn", "--soc", "SM8650", "--recipe", "fp16",
@@ -95,22 +95,27 @@ def test_a_compile_killed_after_its_first_context_resumes_there(
     child.wait()
     assert child.returncode == -signal.SIGKILL, "".join(said[-20:])
     stored = len(list(cache.glob("*.ctx")))
-    assert 1 <= stored < CONTEXTS
     assert not (out / PTE).exists()  # nothing sealed that a later run could trust
+    run_compile(CompileInput(Artifact.open(prepared), CONFIG, out, context_cache=cache))
+    return cache, out, stored
 
-    resumed = run_compile(CompileInput(Artifact.open(prepared), CONFIG, out, context_cache=cache))
-    reused = [c["reused"] for c in _contexts(resumed.path)]
+
+def test_a_compile_killed_after_its_first_context_resumes_there(
+    prepared: Path, resumed: tuple[Path, Path, int], tmp_path: Path
+) -> None:
+    """kill -9 once the first context is built: the rerun reuses what was stored and builds the
+    rest, and its program computes what a compile never interrupted does."""
+    cache, out, stored = resumed
+    assert 1 <= stored < CONTEXTS
+    reused = [c["reused"] for c in _contexts(out)]
     assert reused == [True] * stored + [False] * (CONTEXTS - stored)
-    shards = resumed.sealed.metrics["shards"]["shards"]
+    shards = load_manifest(out, expect_stage=Stage.COMPILE).metrics["shards"]["shards"]
     assert [s["reused"] for s in shards] == [all(reused[2 * i:2 * i + 2]) for i in range(SHARDS)]
     assert all(s["build_s"] > 0 for s in shards if not s["reused"])
 
     entries = {p.stem: p.read_bytes() for p in cache.glob("*.ctx")}
     assert {c["key"] for c in _contexts(out)} == set(entries)  # every context now stored
 
-    # The same program as a compile never interrupted: QNN numbers its tensors from a
-    # per-process counter, so contexts built in other processes differ in those ids; what they
-    # compute does not.
     whole = run_compile(CompileInput(Artifact.open(prepared), CONFIG, tmp_path / "whole"))
     assert "contexts" not in whole.sealed.metrics  # no cache: nothing recorded
     for a, b in zip(program_logits(out), program_logits(whole.path), strict=True):
@@ -118,18 +123,16 @@ def test_a_compile_killed_after_its_first_context_resumes_there(
 
 
 def test_a_model_changed_in_its_last_layer_rebuilds_only_the_last_shard(
-    prepared: Path, tmp_path: Path
+    resumed: tuple[Path, Path, int], tmp_path: Path
 ) -> None:
-    cache = tmp_path / "contexts"
-    first = run_compile(
-        CompileInput(Artifact.open(prepared), CONFIG, tmp_path / "a", context_cache=cache))
-    assert [c["reused"] for c in _contexts(first.path)] == [False] * CONTEXTS
-
+    # The resumed compile above stored every context of the model: a model changed in its last
+    # layer's MLP reuses the first two shards' (prefill's and decode's: 4) and builds the last.
+    cache, out, _ = resumed
     changed = _prepared(_decoder(tmp_path / "model-b", last_layer_seed=7), tmp_path / "run-b")
     second = run_compile(
         CompileInput(Artifact.open(changed), CONFIG, tmp_path / "b", context_cache=cache))
     assert [c["reused"] for c in _contexts(second.path)] == [True] * 4 + [False] * 2
-    first_keys = [c["key"] for c in _contexts(first.path)]
+    first_keys = [c["key"] for c in _contexts(out)]
     assert [c["key"] for c in _contexts(second.path)][:4] == first_keys[:4]
 
 

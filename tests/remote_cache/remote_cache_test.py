@@ -21,6 +21,8 @@ import pytest
 from affected.affected_test import PEX_NAME, ROOT, pants_env, synthetic_pants_toml
 from remote_cache.buildgrid_server import Server, buildgrid
 
+from support.schedule import scheduled
+
 TEST_SOURCE = '''\
 from pathlib import Path
 
@@ -113,6 +115,8 @@ def _pants_test(root: Path, env: dict[str, str], store: Path) -> Run:
     return run
 
 
+@scheduled("a BuildGrid server and two clean Pants runs, about two minutes; it tests CI's "
+           "cache, not the product")
 def test_a_clean_machine_takes_test_results_from_the_remote_cache(
     setup: tuple[Path, Path, dict[str, str], Server], tmp_path: Path
 ) -> None:

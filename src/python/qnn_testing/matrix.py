@@ -216,7 +216,9 @@ def _dealt(
 
 
 def dealt_to(target: OpTarget, cases: Sequence[Selectable]) -> list[Selectable]:
-    """The catalogue's cases the default mode deals to `target` (see `CATALOGUE_BACKENDS`)."""
+    """The catalogue's cases the default mode deals to `target` (see `CATALOGUE_BACKENDS`). Each
+    keeps the precision the deal over the whole catalogue gives it, so the cells that run are
+    among those each backend's whole-catalogue runs measured."""
     share = CATALOGUE_BACKENDS.index(target.backend)
     return [c for i, c in enumerate(cases) if i % len(CATALOGUE_BACKENDS) == share]
 
@@ -227,8 +229,10 @@ def _every_precision_then_dealt(
 ) -> Iterator[Cell]:
     for case in (c for c in cases if subset(c)):
         yield from (Cell(case.name, target, p) for p in target.precisions)
-    rest = [c for c in dealt_to(target, cases) if not subset(c)]
-    yield from _dealt(target, rest, lpbq_needs_linear=lpbq_needs_linear)
+    mine = {c.name for c in dealt_to(target, cases)}
+    rest = [c for c in cases if not subset(c)]
+    yield from (cell for cell in _dealt(target, rest, lpbq_needs_linear=lpbq_needs_linear)
+                if cell.case in mine)
 
 
 def _xnnpack_fast(target: OpTarget, cases: Sequence[Selectable]) -> Iterator[Cell]:
@@ -236,7 +240,8 @@ def _xnnpack_fast(target: OpTarget, cases: Sequence[Selectable]) -> Iterator[Cel
 
 
 def _portable_fast(target: OpTarget, cases: Sequence[Selectable]) -> Iterator[Cell]:
-    return _dealt(target, dealt_to(target, cases), lpbq_needs_linear=False)
+    mine = {c.name for c in dealt_to(target, cases)}
+    return (cell for cell in _dealt(target, cases, lpbq_needs_linear=False) if cell.case in mine)
 
 
 def _qnn_fast(target: OpTarget, cases: Sequence[Selectable]) -> Iterator[Cell]:

@@ -18,6 +18,7 @@ from qnn_testing.matrix import (
     TARGETS_BY_NAME,
     Mode,
     Shard,
+    _dealt,
     cells,
     dealt_to,
     mode_from_env,
@@ -101,13 +102,21 @@ def test_default_mode_deals_the_catalogue_across_backends_and_subsets_on_other_a
     assert len(xnnpack) == len(shares["xnnpack"] - smoke_names) + 2 * len(smoke_names)
     for name in smoke_names:
         assert {p for case, p in xnnpack if case == name} == {Recipe.FP32, Recipe.A8W8}
-    xnnpack_dealt = [p for case, p in xnnpack if case not in smoke_names]
-    assert abs(xnnpack_dealt.count(Recipe.FP32) - xnnpack_dealt.count(Recipe.A8W8)) <= 1
-    # Portable: each case dealt to it once, fp32 and 8a8w dealt in turn.
+    # A dealt case keeps the precision the deal over the whole catalogue (every case on this
+    # target, precisions in turn) gives it: the cells that run are ones those runs measured.
+    whole = {c.case: c.precision for c in _dealt(
+        TARGETS_BY_NAME["xnnpack"], [c for c in CATALOGUE if not c.smoke], lpbq_needs_linear=False)}
+    assert {(case, p) for case, p in xnnpack if case not in smoke_names} == {
+        (case, p) for case, p in whole.items() if case in shares["xnnpack"]}
+    assert abs(list(whole.values()).count(Recipe.FP32) - list(whole.values()).count(
+        Recipe.A8W8)) <= 1
+    # Portable: each case dealt to it once, at its precision in the whole-catalogue deal.
     portable = per_target["portable"]
     assert sorted(case for case, _ in portable) == sorted(shares["portable"])
-    counts = [sum(1 for _, p in portable if p is q) for q in (Recipe.FP32, Recipe.A8W8)]
-    assert abs(counts[0] - counts[1]) <= 1
+    whole = {c.case: c.precision for c in _dealt(
+        TARGETS_BY_NAME["portable"], CATALOGUE, lpbq_needs_linear=False)}
+    assert set(portable) == {(case, p) for case, p in whole.items() if case in shares["portable"]}
+    assert {p for _, p in portable} == {Recipe.FP32, Recipe.A8W8}
     for target in TARGETS:
         if target.backend is not Backend.QNN:
             continue
@@ -126,9 +135,12 @@ def test_default_mode_deals_the_catalogue_across_backends_and_subsets_on_other_a
     dealt = {name: p for name, p in v75 if name not in {c.name for c in qnn_cases}}
     assert len(v75) == len(qnn_cases) * len(v75_target.precisions) + len(others)
     assert set(dealt) == {c.name for c in others}
-    counts = [sum(1 for p in dealt.values() if p is q) for q in v75_target.precisions]
-    # Round-robin: no precision gets more than one extra turn, save LPBQ, whose turns the
-    # cases without a linear layer pass on.
+    whole = {c.case: c.precision for c in _dealt(
+        v75_target, [c for c in CATALOGUE if not c.qnn], lpbq_needs_linear=True)}
+    assert dealt == {case: p for case, p in whole.items() if case in dealt}
+    counts = [sum(1 for p in whole.values() if p is q) for q in v75_target.precisions]
+    # Round-robin over the whole catalogue: no precision gets more than one extra turn, save
+    # LPBQ, whose turns the cases without a linear layer pass on.
     lpbq = v75_target.precisions.index(Recipe.A16W4_BLOCK)
     rest = counts[:lpbq] + counts[lpbq + 1 :]
     assert max(rest) - min(rest) <= 1 and 0 < counts[lpbq] <= min(rest), counts
