@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -79,15 +80,22 @@ def test_the_one_layer_made_sensitive_is_promoted_and_no_other(
         else:
             assert (kind, quant_max) == ("per channel", 7), path
 
-    report = tmp_path / "tune"
-    front = json.loads((report / "front.json").read_text())
-    assert front["winner"] == 1 and 1 in front["front"]
-    assert "| 1 |" in (report / "front.md").read_text()
+    assert _checked_report(tmp_path / "tune", found, Recipe.A16W4)["winner"] == 1
+
+
+def _checked_report(report: Path, found: Search, recipe: Recipe) -> dict[str, Any]:
+    """The search's report: the front as JSON, a table and a plot, and the winner as a TOML
+    recipe whose layer table is the winner's; the front's JSON, for more checks."""
+    assert found.winner is not None
+    front: dict[str, Any] = json.loads((report / "front.json").read_text())
+    winner = front["winner"]
+    assert winner in front["front"] and f"| {winner} |" in (report / "front.md").read_text()
     assert (report / "front.svg").read_text().startswith("<svg")
     rebuilt = load_pipeline_toml(report / "recipe.toml")
     assert rebuilt.quantize is not None
     assert rebuilt.quantize.layer_recipes == found.winner.table
-    assert rebuilt.recipe is Recipe.A16W4
+    assert rebuilt.recipe is recipe
+    return front
 
 
 def _wait_for(path: Path, child: subprocess.Popen[bytes], seconds: float) -> None:
@@ -159,16 +167,7 @@ def test_a_killed_search_resumes_from_what_it_had(
     assert found.plan.rich is Recipe.FP32  # nothing richer mixes into XNNPACK's 8a8w
     assert [g.group.name for g in found.plan.order][:1] == [SENSITIVE_LAYER]
     assert found.winner.score.kl <= CPU_BUDGET < found.verified[0].score.kl
-    # The report: the front as JSON, a table and a plot, and the winner as a TOML recipe.
-    report = out / "tune"
-    front = json.loads((report / "front.json").read_text())
-    winner = front["winner"]
-    assert winner in front["front"] and f"| {winner} |" in (report / "front.md").read_text()
-    assert (report / "front.svg").read_text().startswith("<svg")
-    rebuilt = load_pipeline_toml(report / "recipe.toml")
-    assert rebuilt.quantize is not None
-    assert rebuilt.quantize.layer_recipes == found.winner.table
-    assert rebuilt.recipe is Recipe.A8W8
+    _checked_report(out / "tune", found, Recipe.A8W8)
 
 
 def test_the_winners_toml_rebuilds_its_program_byte_for_byte(

@@ -240,8 +240,7 @@ def _xnnpack_fast(target: OpTarget, cases: Sequence[Selectable]) -> Iterator[Cel
 
 
 def _portable_fast(target: OpTarget, cases: Sequence[Selectable]) -> Iterator[Cell]:
-    mine = {c.name for c in dealt_to(target, cases)}
-    return (cell for cell in _dealt(target, cases, lpbq_needs_linear=False) if cell.case in mine)
+    return _every_precision_then_dealt(target, cases, lambda c: False, lpbq_needs_linear=False)
 
 
 def _qnn_fast(target: OpTarget, cases: Sequence[Selectable]) -> Iterator[Cell]:
